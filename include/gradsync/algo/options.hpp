@@ -1,0 +1,68 @@
+// gradsync: the options struct every collective takes, and algorithm names.
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <string_view>
+
+#include "../core/policy.hpp"
+
+namespace gradsync {
+
+/// Collective algorithms. `automatic` lets the cost model choose per call.
+enum class algorithm {
+  automatic, ///< chosen per call (GRADSYNC_ALGO may override)
+  ring,      ///< pipelined ring: reduce-scatter then allgather
+  tree,      ///< binomial tree reduce + broadcast
+  dbtree,    ///< pipelined double binary tree
+  rd,        ///< recursive doubling
+  rabenseifner, ///< recursive halving reduce-scatter + recursive doubling allgather
+  hier,      ///< hierarchical: intra-group, inter-group, intra-group
+};
+
+/// Name used by options, the bench's `-a` and GRADSYNC_ALGO.
+constexpr std::string_view algorithm_name(algorithm a) {
+  switch (a) {
+  case algorithm::automatic: return "auto";
+  case algorithm::ring: return "ring";
+  case algorithm::tree: return "tree";
+  case algorithm::dbtree: return "dbtree";
+  case algorithm::rd: return "rd";
+  case algorithm::rabenseifner: return "rabenseifner";
+  case algorithm::hier: return "hier";
+  }
+  return "?";
+}
+
+/// Parses an algorithm name; returns false if unknown.
+constexpr bool parse_algorithm(std::string_view s, algorithm& out) {
+  for (auto a : {algorithm::automatic, algorithm::ring, algorithm::tree, algorithm::dbtree,
+                 algorithm::rd, algorithm::rabenseifner, algorithm::hier})
+    if (algorithm_name(a) == s) {
+      out = a;
+      return true;
+    }
+  return false;
+}
+
+/// Options of every collective (Gloo style: one struct, defaults that work).
+struct options {
+  /// Which schedule to run.
+  algorithm algo = algorithm::automatic;
+  /// Pipeline segment in bytes (0: policy::ring_segment_bytes). Small values
+  /// force the multi-segment paths, which tests use.
+  std::size_t segment_bytes = 0;
+  /// Message tag; concurrent collectives on one communicator need distinct tags.
+  int tag = policy::default_tag;
+  /// Optional caller-owned scratch of at least the size the matching
+  /// `*_workspace_bytes` query returns; empty: allocated per call.
+  std::span<std::byte> workspace = {};
+};
+
+namespace detail {
+inline std::size_t segment_bytes(const options& o) {
+  return o.segment_bytes ? o.segment_bytes : policy::ring_segment_bytes;
+}
+} // namespace detail
+
+} // namespace gradsync

@@ -1,0 +1,103 @@
+// gradsync: pieces every pipelined schedule shares: segment geometry and
+// caller-owned (or, if none given, per-call) scratch memory.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "../core/error.hpp"
+#include "../core/partition.hpp"
+#include "../core/policy.hpp"
+#include "../transport/transport.hpp"
+
+namespace gradsync::algo {
+
+/// Blocks of a buffer, each split into `nseg` near-equal pipeline segments.
+struct segmentation {
+  partition blocks;
+  std::size_t nseg = 1;
+  std::size_t max_seg = 0; // largest segment, in elements
+
+  /// Geometry for `blocks` of elements of `elem_bytes`, segments of at most
+  /// about `seg_bytes` (every block gets the same number of segments).
+  static segmentation make(partition blocks, std::size_t elem_bytes, std::size_t seg_bytes) {
+    segmentation g;
+    g.blocks = blocks;
+    const std::size_t largest = blocks.size(0);
+    const std::size_t per = std::max<std::size_t>(1, seg_bytes / std::max<std::size_t>(1, elem_bytes));
+    g.nseg = std::max<std::size_t>(1, (largest + per - 1) / per);
+    g.max_seg = (largest + g.nseg - 1) / g.nseg;
+    return g;
+  }
+  /// Offset of segment j of block b from the start of the buffer.
+  std::size_t offset(std::size_t b, std::size_t j) const {
+    return blocks.offset(b) + partition{blocks.size(b), nseg}.offset(j);
+  }
+  /// Offset of segment j of block b from the start of block b.
+  std::size_t inner(std::size_t b, std::size_t j) const {
+    return partition{blocks.size(b), nseg}.offset(j);
+  }
+  std::size_t size(std::size_t b, std::size_t j) const {
+    return partition{blocks.size(b), nseg}.size(j);
+  }
+};
+
+/// Scratch of `n` elements of T: the caller's workspace when one was given
+/// (it must be large enough and aligned), else memory owned for this call.
+template <class T> class scratch {
+public:
+  scratch(std::span<std::byte> ws, std::size_t n, const char* op, int rank) {
+    if (n == 0) return;
+    const std::size_t need = n * sizeof(T);
+    if (!ws.empty()) {
+      require(ws.size() >= need, op, rank,
+              "workspace holds " + std::to_string(ws.size()) + " bytes, " +
+                  std::to_string(need) + " are needed (ask *_workspace_bytes)");
+      require(reinterpret_cast<std::uintptr_t>(ws.data()) % alignof(T) == 0, op, rank,
+              "workspace is not aligned to " + std::to_string(alignof(T)) + " bytes");
+      p_ = reinterpret_cast<T*>(ws.data());
+    } else {
+      own_ = std::make_unique_for_overwrite<T[]>(n);
+      p_ = own_.get();
+    }
+  }
+  T* data() const { return p_; }
+
+private:
+  std::unique_ptr<T[]> own_;
+  T* p_ = nullptr;
+};
+
+/// Request type of transport C.
+template <transport C>
+using request_t = decltype(std::declval<C&>().isend(std::span<const std::byte>{}, 0, 0));
+
+/// Typed send/receive of n elements.
+template <transport C, class T> request_t<C> send(C& c, const T* p, std::size_t n, int peer, int tag) {
+  return c.isend(std::as_bytes(std::span<const T>(p, n)), peer, tag);
+}
+template <transport C, class T> auto recv(C& c, T* p, std::size_t n, int peer, int tag) {
+  return c.irecv(std::as_writable_bytes(std::span<T>(p, n)), peer, tag);
+}
+
+/// Waits for every request in `v` (all of them, even if one throws) and clears it.
+template <class R> void wait_all(std::vector<R>& v) {
+  std::optional<error> first;
+  for (auto& r : v) {
+    try {
+      r.wait();
+    } catch (const error& e) {
+      if (!first) first = e;
+    }
+  }
+  v.clear();
+  if (first) throw *first;
+}
+
+} // namespace gradsync::algo

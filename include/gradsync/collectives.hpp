@@ -1,0 +1,229 @@
+// gradsync: the public collective operations. Each validates its arguments
+// (a clear gradsync::error, never undefined behaviour), picks a schedule and
+// runs it over any transport.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <type_traits>
+
+#include "algo/chain.hpp"
+#include "algo/dissemination.hpp"
+#include "algo/options.hpp"
+#include "algo/ring.hpp"
+#include "core/dtype.hpp"
+#include "core/error.hpp"
+#include "core/ops.hpp"
+#include "transport/transport.hpp"
+
+namespace gradsync {
+
+namespace detail {
+
+template <class T> void check_span(std::span<T> s, const char* op, int rank, const char* what) {
+  require(s.data() != nullptr || s.empty(), op, rank,
+          std::string(what) + " is null but holds " + std::to_string(s.size()) + " elements");
+  require(s.size() <= std::numeric_limits<std::size_t>::max() / sizeof(T) / 2, op, rank,
+          std::string(what) + " size overflows");
+}
+
+// Distinct, partially overlapping buffers would be read after being written.
+template <class T, class U>
+void check_alias(std::span<T> in, std::span<U> out, const char* op, int rank) {
+  if (in.empty() || out.empty()) return;
+  auto a = reinterpret_cast<std::uintptr_t>(in.data()), b = reinterpret_cast<std::uintptr_t>(out.data());
+  const auto ae = a + in.size_bytes(), be = b + out.size_bytes();
+  require(a == b || ae <= b || be <= a, op, rank,
+          "input and output overlap without being the same buffer");
+}
+
+inline void check_root(int root, int size, const char* op, int rank) {
+  require(root >= 0 && root < size, op, rank,
+          "root " + std::to_string(root) + " out of range [0, " + std::to_string(size) + ")");
+}
+
+inline std::size_t mul_checked(std::size_t a, std::size_t b, const char* op, int rank) {
+  require(b == 0 || a <= std::numeric_limits<std::size_t>::max() / b, op, rank,
+          std::to_string(a) + " x " + std::to_string(b) + " elements overflows size_t");
+  return a * b;
+}
+
+[[noreturn]] inline void unsupported(const char* op, int rank, algorithm a) {
+  throw error(op, rank, -1,
+              "algorithm '" + std::string(algorithm_name(a)) + "' is not available for " + op);
+}
+
+} // namespace detail
+
+/// Scratch bytes `allreduce` needs for `count` elements of T with options `o`
+/// (pass a buffer this large as `o.workspace` to avoid a per-call allocation).
+template <element T, transport C>
+std::size_t allreduce_workspace_bytes(const C& c, std::size_t count, const options& o = {}) {
+  return algo::ring::allreduce_workspace_bytes<T>(c.size(), count, detail::segment_bytes(o));
+}
+
+/// Allreduce, out of place: `out[i] = op over ranks of in[i]`. `out` must hold
+/// at least `in.size()` elements (extra elements are untouched); `in` and `out`
+/// may be the same buffer. Every rank must pass the same count. All ranks end
+/// with bitwise identical results.
+template <transport C, element T, reduce_op Op = op::sum>
+void allreduce(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> out, Op op = {},
+               const options& o = {}) {
+  const char* name = "allreduce";
+  const int r = c.rank();
+  detail::check_span(in, name, r, "input");
+  detail::check_span(out, name, r, "output");
+  require(out.size() >= in.size(), name, r,
+          "output holds " + std::to_string(out.size()) + " elements, input " +
+              std::to_string(in.size()));
+  detail::check_alias(in, out, name, r);
+  const std::size_t count = in.size();
+  switch (o.algo) {
+  case algorithm::automatic:
+  case algorithm::ring: {
+    algo::scratch<T> ws(o.workspace,
+                        allreduce_workspace_bytes<T>(c, count, o) / sizeof(T), name, r);
+    algo::ring::allreduce(c, in.data(), out.data(), count, op, detail::segment_bytes(o), o.tag,
+                          ws.data());
+    return;
+  }
+  default:
+    detail::unsupported(name, r, o.algo);
+  }
+}
+
+/// Allreduce in place on `data`.
+template <transport C, element T, reduce_op Op = op::sum>
+void allreduce(C& c, std::span<T> data, Op op = {}, const options& o = {}) {
+  allreduce<C, T, Op>(c, std::span<const T>(data), data, op, o);
+}
+
+/// Scratch bytes `reduce_scatter` needs for blocks of `block` elements.
+template <element T, transport C>
+std::size_t reduce_scatter_workspace_bytes(const C& c, std::size_t block, const options& o = {}) {
+  const auto p = static_cast<std::size_t>(c.size());
+  return algo::ring::scratch_elems(partition{block * p, p}, sizeof(T), detail::segment_bytes(o),
+                                   c.size()) * sizeof(T);
+}
+
+/// Reduce-scatter: `in` holds size() blocks of `out.size()` elements; rank r
+/// receives block r of the reduction. `out` may alias block r of `in`.
+template <transport C, element T, reduce_op Op = op::sum>
+void reduce_scatter(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> out,
+                    Op op = {}, const options& o = {}) {
+  const char* name = "reduce_scatter";
+  const int r = c.rank();
+  detail::check_span(in, name, r, "input");
+  detail::check_span(out, name, r, "output");
+  const auto p = static_cast<std::size_t>(c.size());
+  const std::size_t n = out.size();
+  require(in.size() == detail::mul_checked(n, p, name, r), name, r,
+          "input holds " + std::to_string(in.size()) + " elements, expected ranks x output = " +
+              std::to_string(p) + " x " + std::to_string(n));
+  T* own = out.data();
+  if (!out.empty() && !in.empty()) {
+    const T* blk = in.data() + n * static_cast<std::size_t>(r);
+    if (own != blk) detail::check_alias(in, out, name, r);
+  }
+  switch (o.algo) {
+  case algorithm::automatic:
+  case algorithm::ring: {
+    algo::scratch<T> ws(o.workspace, reduce_scatter_workspace_bytes<T>(c, n, o) / sizeof(T), name, r);
+    algo::ring::reduce_scatter(c, in.data(), own, partition{n * p, p}, op,
+                               detail::segment_bytes(o), o.tag, ws.data());
+    return;
+  }
+  default:
+    detail::unsupported(name, r, o.algo);
+  }
+}
+
+/// Allgather: `out` receives size() blocks of `in.size()` elements, block r
+/// from rank r. `in` may alias block r of `out` (in place).
+template <transport C, element T>
+void allgather(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> out,
+               const options& o = {}) {
+  const char* name = "allgather";
+  const int r = c.rank();
+  detail::check_span(in, name, r, "input");
+  detail::check_span(out, name, r, "output");
+  const auto p = static_cast<std::size_t>(c.size());
+  const std::size_t n = in.size();
+  require(out.size() == detail::mul_checked(n, p, name, r), name, r,
+          "output holds " + std::to_string(out.size()) + " elements, expected ranks x input = " +
+              std::to_string(p) + " x " + std::to_string(n));
+  T* own = out.data() + n * static_cast<std::size_t>(r);
+  if (n != 0 && own != in.data()) detail::check_alias(in, out, name, r);
+  switch (o.algo) {
+  case algorithm::automatic:
+  case algorithm::ring:
+    copy_elems(own, in.data(), n);
+    algo::ring::allgather(c, out.data(), partition{n * p, p}, detail::segment_bytes(o), o.tag);
+    return;
+  default:
+    detail::unsupported(name, r, o.algo);
+  }
+}
+
+/// Broadcast `data` from `root` to every rank (pipelined).
+template <transport C, element T>
+void broadcast(C& c, std::span<T> data, int root, const options& o = {}) {
+  const char* name = "broadcast";
+  const int r = c.rank();
+  detail::check_span(data, name, r, "buffer");
+  detail::check_root(root, c.size(), name, r);
+  switch (o.algo) {
+  case algorithm::automatic:
+  case algorithm::ring:
+    algo::chain::broadcast(c, data.data(), data.size(), root, detail::segment_bytes(o), o.tag);
+    return;
+  default:
+    detail::unsupported(name, r, o.algo);
+  }
+}
+
+/// Scratch bytes `reduce` needs for `count` elements.
+template <element T, transport C>
+std::size_t reduce_workspace_bytes(const C& c, std::size_t count, const options& o = {}) {
+  return algo::chain::reduce_scratch_elems(count, sizeof(T), detail::segment_bytes(o), c.size()) *
+         sizeof(T);
+}
+
+/// Reduce to `root`: at the root `out` (at least `in.size()` elements, may be
+/// `in`) receives the reduction; elsewhere `out` is not touched and may be empty.
+template <transport C, element T, reduce_op Op = op::sum>
+void reduce(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> out, int root,
+            Op op = {}, const options& o = {}) {
+  const char* name = "reduce";
+  const int r = c.rank();
+  detail::check_span(in, name, r, "input");
+  detail::check_span(out, name, r, "output");
+  detail::check_root(root, c.size(), name, r);
+  if (r == root) {
+    require(out.size() >= in.size(), name, r,
+            "root output holds " + std::to_string(out.size()) + " elements, input " +
+                std::to_string(in.size()));
+    detail::check_alias(in, out, name, r);
+  }
+  switch (o.algo) {
+  case algorithm::automatic:
+  case algorithm::ring: {
+    algo::scratch<T> ws(o.workspace, reduce_workspace_bytes<T>(c, in.size(), o) / sizeof(T), name, r);
+    algo::chain::reduce(c, in.data(), out.data(), in.size(), root, op, detail::segment_bytes(o),
+                        o.tag, ws.data());
+    return;
+  }
+  default:
+    detail::unsupported(name, r, o.algo);
+  }
+}
+
+/// Returns on each rank only after every rank has entered the barrier.
+template <transport C> void barrier(C& c, const options& o = {}) {
+  algo::dissemination::barrier(c, o.tag);
+}
+
+} // namespace gradsync

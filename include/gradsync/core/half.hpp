@@ -1,0 +1,142 @@
+// gradsync: IEEE binary16 (`half`) and bfloat16 storage types usable without
+// CUDA. Conversions round to nearest even and keep NaN (quieted) and Inf.
+// Arithmetic is not provided on purpose: reductions widen to float per step.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "config.hpp"
+
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#endif
+
+namespace gradsync {
+namespace detail {
+
+GRADSYNC_HD inline std::uint32_t float_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+#endif
+}
+
+GRADSYNC_HD inline float bits_float(std::uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+#endif
+}
+
+/// float -> binary16 bits, round to nearest even.
+GRADSYNC_HD inline std::uint16_t float_to_half_bits(float f) {
+  const std::uint32_t x = float_bits(f);
+  const std::uint32_t sign = (x >> 16) & 0x8000u;
+  const std::uint32_t a = x & 0x7fffffffu;
+  if (a >= 0x7f800000u) // Inf stays Inf; NaN keeps its top payload bits, quieted
+    return static_cast<std::uint16_t>(
+        sign | 0x7c00u | (a > 0x7f800000u ? (0x0200u | ((a >> 13) & 0x3ffu)) : 0u));
+  if (a >= 0x477ff000u) // >= 65520 rounds to Inf
+    return static_cast<std::uint16_t>(sign | 0x7c00u);
+  if (a >= 0x38800000u) { // normal half range, >= 2^-14
+    std::uint32_t h = (a >> 13) - (112u << 10);
+    const std::uint32_t rem = a & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h; // carry may bump exponent
+    return static_cast<std::uint16_t>(sign | h);
+  }
+  if (a <= 0x33000000u) // <= 2^-25 (the tie rounds to even zero)
+    return static_cast<std::uint16_t>(sign);
+  // Subnormal half: value = k * 2^-24 with k = m * 2^(e-126).
+  const std::uint32_t e = a >> 23;
+  const std::uint32_t m = (a & 0x7fffffu) | 0x800000u;
+  const std::uint32_t shift = 126u - e; // 14..24
+  std::uint32_t k = m >> shift;
+  const std::uint32_t rem = m & ((1u << shift) - 1u);
+  const std::uint32_t halfway = 1u << (shift - 1u);
+  if (rem > halfway || (rem == halfway && (k & 1u))) ++k;
+  return static_cast<std::uint16_t>(sign | k);
+}
+
+/// binary16 bits -> float (exact).
+GRADSYNC_HD inline float half_bits_to_float(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  std::uint32_t e = (h >> 10) & 0x1fu;
+  std::uint32_t m = h & 0x3ffu;
+  if (e == 0x1fu) return bits_float(sign | 0x7f800000u | (m << 13));
+  if (e == 0) {
+    if (m == 0) return bits_float(sign);
+    // normalise the subnormal: shift until the implicit bit appears
+    e = 113;
+    while ((m & 0x400u) == 0) {
+      m <<= 1;
+      --e;
+    }
+    return bits_float(sign | (e << 23) | ((m & 0x3ffu) << 13));
+  }
+  return bits_float(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+/// float -> bfloat16 bits, round to nearest even; NaN stays a quiet NaN.
+GRADSYNC_HD inline std::uint16_t float_to_bf16_bits(float f) {
+  const std::uint32_t x = float_bits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u)
+    return static_cast<std::uint16_t>((x >> 16) | 0x0040u);
+  return static_cast<std::uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+GRADSYNC_HD inline float bf16_bits_to_float(std::uint16_t b) {
+  return bits_float(static_cast<std::uint32_t>(b) << 16);
+}
+
+} // namespace detail
+
+/// IEEE 754 binary16 storage type. Trivially copyable, 2 bytes.
+struct half {
+  std::uint16_t bits = 0;
+
+  half() = default;
+  GRADSYNC_HD explicit half(float f) : bits(detail::float_to_half_bits(f)) {}
+  GRADSYNC_HD explicit operator float() const { return detail::half_bits_to_float(bits); }
+  /// Builds a half from its raw bit pattern.
+  GRADSYNC_HD static half from_bits(std::uint16_t b) {
+    half h;
+    h.bits = b;
+    return h;
+  }
+#if defined(__CUDACC__)
+  GRADSYNC_HD half(__half h) : bits(__half_as_ushort(h)) {}
+  GRADSYNC_HD operator __half() const { return __ushort_as_half(bits); }
+#endif
+  friend GRADSYNC_HD bool operator==(half a, half b) { return a.bits == b.bits; }
+};
+
+/// bfloat16 storage type (8-bit exponent, 7-bit mantissa). 2 bytes.
+struct bfloat16 {
+  std::uint16_t bits = 0;
+
+  bfloat16() = default;
+  GRADSYNC_HD explicit bfloat16(float f) : bits(detail::float_to_bf16_bits(f)) {}
+  GRADSYNC_HD explicit operator float() const { return detail::bf16_bits_to_float(bits); }
+  GRADSYNC_HD static bfloat16 from_bits(std::uint16_t b) {
+    bfloat16 h;
+    h.bits = b;
+    return h;
+  }
+#if defined(__CUDACC__)
+  GRADSYNC_HD bfloat16(__nv_bfloat16 h) : bits(__bfloat16_as_ushort(h)) {}
+  GRADSYNC_HD operator __nv_bfloat16() const { return __ushort_as_bfloat16(bits); }
+#endif
+  friend GRADSYNC_HD bool operator==(bfloat16 a, bfloat16 b) { return a.bits == b.bits; }
+};
+
+static_assert(sizeof(half) == 2 && sizeof(bfloat16) == 2);
+
+} // namespace gradsync

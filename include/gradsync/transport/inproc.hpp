@@ -1,0 +1,305 @@
+// gradsync: the in-process transport. N ranks are N threads of one process;
+// the embedded default, needing nothing but a C++20 compiler and threads.
+//
+// A message is copied exactly once: whichever side arrives second copies
+// straight from the sender's buffer into the posted receive buffer (a
+// rendezvous), so a send completes only when it has been received.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../core/error.hpp"
+#include "transport.hpp"
+
+namespace gradsync::inproc {
+
+namespace detail {
+
+struct mailbox;
+
+struct op_state {
+  std::atomic<std::uint32_t> done{0};
+  mailbox* box = nullptr; // where it waits while unmatched
+  std::string error; // written before `done` is released
+  const char* op = "";
+  int rank = -1, peer = -1;
+};
+
+struct posted {
+  int peer; // the other side: source for a receive, destination for a send
+  int tag;
+  std::byte* data; // a send stores its const buffer here; it is never written
+  std::size_t bytes;
+  std::shared_ptr<op_state> st;
+};
+
+struct mailbox {
+  std::mutex m;
+  std::deque<posted> sends; // unmatched sends addressed to this rank
+  std::deque<posted> recvs; // unmatched receives posted by this rank
+};
+
+inline void complete(op_state& s, std::string err = {}) {
+  s.error = std::move(err);
+  s.done.store(1, std::memory_order_release);
+  s.done.notify_all();
+}
+
+} // namespace detail
+
+/// The shared state of one group of in-process ranks.
+class world {
+public:
+  explicit world(int n) : boxes_(static_cast<std::size_t>(n > 0 ? n : 0)), n_(n) {
+    require(n >= 1, "inproc.world", -1, "rank count must be >= 1, got " + std::to_string(n));
+    spin_ = n <= static_cast<int>(std::thread::hardware_concurrency());
+  }
+  int size() const noexcept { return n_; }
+
+  /// Fails every pending and future operation of every rank with `reason`
+  /// (used when one rank throws, so that no other rank waits forever).
+  void abort(const std::string& reason) {
+    {
+      std::lock_guard g(abort_m_);
+      if (aborted_.load()) return;
+      abort_reason_ = reason;
+      aborted_.store(true);
+    }
+    for (auto& b : boxes_) {
+      std::lock_guard g(b.m);
+      for (auto& p : b.sends) detail::complete(*p.st, "aborted: " + reason);
+      for (auto& p : b.recvs) detail::complete(*p.st, "aborted: " + reason);
+      b.sends.clear();
+      b.recvs.clear();
+    }
+  }
+  bool aborted() const noexcept { return aborted_.load(); }
+  bool spin() const noexcept { return spin_; }
+
+private:
+  friend class communicator;
+  std::string reason() {
+    std::lock_guard g(abort_m_);
+    return abort_reason_;
+  }
+  std::vector<detail::mailbox> boxes_;
+  int n_;
+  bool spin_ = true;
+  std::atomic<bool> aborted_{false};
+  std::mutex abort_m_;
+  std::string abort_reason_;
+};
+
+/// Completion handle of an in-process send or receive.
+class request {
+public:
+  request() = default;
+  explicit request(std::shared_ptr<detail::op_state> s, bool spin) : s_(std::move(s)), spin_(spin) {}
+  request(request&& o) noexcept : s_(std::move(o.s_)), spin_(o.spin_) {}
+  request& operator=(request&& o) noexcept {
+    if (this != &o) {
+      cancel();
+      s_ = std::move(o.s_);
+      spin_ = o.spin_;
+    }
+    return *this;
+  }
+  /// An abandoned request (e.g. during stack unwinding) is withdrawn if still
+  /// unmatched, or waited for if a copy is in progress, so that no peer ever
+  /// touches a buffer after its owner has released it.
+  ~request() { cancel(); }
+
+  /// True once complete; throws if the operation failed.
+  bool test() {
+    if (!s_) return true;
+    if (s_->done.load(std::memory_order_acquire) == 0) return false;
+    finish();
+    return true;
+  }
+  /// Blocks until complete; throws gradsync::error if the operation failed.
+  void wait() {
+    if (!s_) return;
+    if (spin_)
+      for (int i = 0; i < 4000 && s_->done.load(std::memory_order_acquire) == 0; ++i) {
+      }
+    while (s_->done.load(std::memory_order_acquire) == 0) s_->done.wait(0, std::memory_order_acquire);
+    finish();
+  }
+
+private:
+  void cancel() noexcept {
+    if (!s_ || s_->done.load(std::memory_order_acquire) != 0) return;
+    bool withdrawn = false;
+    {
+      std::lock_guard g(s_->box->m);
+      for (auto* q : {&s_->box->sends, &s_->box->recvs})
+        for (auto it = q->begin(); it != q->end(); ++it)
+          if (it->st == s_) {
+            q->erase(it);
+            withdrawn = true;
+            break;
+          }
+    }
+    if (!withdrawn)
+      while (s_->done.load(std::memory_order_acquire) == 0) s_->done.wait(0);
+    s_.reset();
+  }
+  void finish() {
+    auto s = std::move(s_);
+    if (!s->error.empty()) throw error(s->op, s->rank, s->peer, s->error);
+  }
+  std::shared_ptr<detail::op_state> s_;
+  bool spin_ = true;
+};
+
+/// One rank's view of a world.
+class communicator {
+public:
+  static constexpr std::string_view name = "inproc";
+
+  communicator(std::shared_ptr<world> w, int rank) : w_(std::move(w)), rank_(rank) {
+    require(w_ != nullptr, "inproc.communicator", rank, "null world");
+    require(rank >= 0 && rank < w_->size(), "inproc.communicator", rank,
+            "rank out of range [0, " + std::to_string(w_->size()) + ")");
+  }
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return w_->size(); }
+  world& group() const noexcept { return *w_; }
+
+  /// Posts a send of `data` to `peer`. The buffer must stay valid until the
+  /// request completes (i.e. until the receiver has copied it).
+  request isend(std::span<const std::byte> data, int peer, int tag) {
+    check_peer("inproc.send", peer);
+    auto& box = w_->boxes_[static_cast<std::size_t>(peer)];
+    auto st = make_state("inproc.send", peer, box);
+    detail::posted mine{rank_, tag, const_cast<std::byte*>(data.data()), data.size(), st};
+    detail::posted other;
+    {
+      std::lock_guard g(box.m);
+      if (w_->aborted()) return failed(st);
+      if (!take(box.recvs, rank_, tag, other)) {
+        box.sends.push_back(std::move(mine));
+        return request(st, w_->spin());
+      }
+    }
+    transfer(mine, other, /*send_st=*/*st, /*recv_st=*/*other.st, peer, rank_);
+    return request(st, w_->spin());
+  }
+
+  /// Posts a receive of exactly `data.size()` bytes from `peer`.
+  request irecv(std::span<std::byte> data, int peer, int tag) {
+    check_peer("inproc.recv", peer);
+    auto& box = w_->boxes_[static_cast<std::size_t>(rank_)];
+    auto st = make_state("inproc.recv", peer, box);
+    detail::posted mine{peer, tag, data.data(), data.size(), st};
+    detail::posted other;
+    {
+      std::lock_guard g(box.m);
+      if (w_->aborted()) return failed(st);
+      if (!take(box.sends, peer, tag, other)) {
+        box.recvs.push_back(std::move(mine));
+        return request(st, w_->spin());
+      }
+    }
+    transfer(other, mine, *other.st, *st, rank_, peer);
+    return request(st, w_->spin());
+  }
+
+private:
+  static bool take(std::deque<detail::posted>& q, int peer, int tag, detail::posted& out) {
+    for (auto it = q.begin(); it != q.end(); ++it)
+      if (it->peer == peer && it->tag == tag) {
+        out = std::move(*it);
+        q.erase(it);
+        return true;
+      }
+    return false;
+  }
+  // Copies a matched pair outside any lock, then releases both sides.
+  static void transfer(const detail::posted& send, const detail::posted& recv,
+                       detail::op_state& send_st, detail::op_state& recv_st, int dst, int src) {
+    if (send.bytes != recv.bytes) {
+      const std::string why = "message size mismatch: rank " + std::to_string(src) + " sent " +
+                              std::to_string(send.bytes) + " bytes, rank " +
+                              std::to_string(dst) + " posted a receive of " +
+                              std::to_string(recv.bytes) + " bytes (tag " +
+                              std::to_string(send.tag) + ")";
+      detail::complete(recv_st, why);
+      detail::complete(send_st, why);
+      return;
+    }
+    if (send.bytes != 0) std::memcpy(recv.data, send.data, send.bytes);
+    detail::complete(recv_st);
+    detail::complete(send_st);
+  }
+  std::shared_ptr<detail::op_state> make_state(const char* op, int peer,
+                                               detail::mailbox& box) const {
+    auto st = std::make_shared<detail::op_state>();
+    st->box = &box;
+    st->op = op;
+    st->rank = rank_;
+    st->peer = peer;
+    return st;
+  }
+  request failed(std::shared_ptr<detail::op_state> st) {
+    detail::complete(*st, "aborted: " + w_->reason());
+    return request(std::move(st), false);
+  }
+  void check_peer(const char* op, int peer) const {
+    require(peer >= 0 && peer < size(), op, rank_,
+            "peer " + std::to_string(peer) + " out of range [0, " + std::to_string(size()) + ")");
+  }
+  std::shared_ptr<world> w_;
+  int rank_;
+};
+
+static_assert(transport<communicator>);
+
+/// Runs `fn(comm)` on `ranks` threads, one per rank of a fresh world, and
+/// returns when all have finished. If any rank throws, the world is aborted
+/// (every blocked rank fails instead of hanging) and the first exception that
+/// was not itself caused by the abort is rethrown.
+template <class Fn> void run(int ranks, Fn&& fn) {
+  auto w = std::make_shared<world>(ranks);
+  std::vector<std::exception_ptr> errs(static_cast<std::size_t>(ranks));
+  std::vector<char> secondary(static_cast<std::size_t>(ranks), 0);
+  auto body = [&](int r) {
+    try {
+      communicator c(w, r);
+      fn(c);
+    } catch (const error& e) {
+      errs[static_cast<std::size_t>(r)] = std::current_exception();
+      secondary[static_cast<std::size_t>(r)] = w->aborted() && e.reason().rfind("aborted: ", 0) == 0;
+      w->abort("rank " + std::to_string(r) + " failed: " + e.what());
+    } catch (const std::exception& e) {
+      errs[static_cast<std::size_t>(r)] = std::current_exception();
+      w->abort("rank " + std::to_string(r) + " failed: " + e.what());
+    } catch (...) {
+      errs[static_cast<std::size_t>(r)] = std::current_exception();
+      w->abort("rank " + std::to_string(r) + " failed with an unknown exception");
+    }
+  };
+  {
+    std::vector<std::jthread> threads;
+    threads.reserve(static_cast<std::size_t>(ranks));
+    for (int r = 1; r < ranks; ++r) threads.emplace_back(body, r);
+    body(0);
+  }
+  for (int pass = 0; pass < 2; ++pass)
+    for (std::size_t r = 0; r < errs.size(); ++r)
+      if (errs[r] && (pass == 1 || !secondary[r])) std::rethrow_exception(errs[r]);
+}
+
+} // namespace gradsync::inproc
