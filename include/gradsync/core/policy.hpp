@@ -1,6 +1,7 @@
 // gradsync: every tuning constant, in one place, with the measurement behind it.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 
 namespace gradsync::policy {
@@ -21,5 +22,11 @@ inline constexpr std::size_t mpi_max_message_bytes = std::size_t{1} << 30;
 /// Default message tag of the collectives (each call may choose another so that
 /// concurrent operations on one communicator cannot match each other).
 inline constexpr int default_tag = 0x6753; // "gS"
+
+/// How long a blocked send/receive waits for its peer before failing with an
+/// error instead of hanging (a peer that never calls the collective, or calls
+/// it with another count). Gloo-style; generous so slow CI never trips it.
+/// Each communicator can set its own (set_timeout).
+inline constexpr std::chrono::milliseconds default_timeout{300'000};
 
 } // namespace gradsync::policy

@@ -7,6 +7,8 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -20,7 +22,14 @@
 #include <thread>
 #include <vector>
 
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include "../core/error.hpp"
+#include "../core/policy.hpp"
 #include "transport.hpp"
 
 namespace gradsync::inproc {
@@ -31,6 +40,7 @@ struct mailbox;
 
 struct op_state {
   std::atomic<std::uint32_t> done{0};
+  std::atomic<std::uint32_t> sleeping{0}; // a waiter may be blocked in the kernel
   mailbox* box = nullptr; // where it waits while unmatched
   std::string error; // written before `done` is released
   const char* op = "";
@@ -51,10 +61,38 @@ struct mailbox {
   std::deque<posted> recvs; // unmatched receives posted by this rank
 };
 
+// Blocking with a deadline needs the futex directly: std::atomic::wait has no
+// timeout, and mixing it with raw futex calls could lose wake-ups.
 inline void complete(op_state& s, std::string err = {}) {
   s.error = std::move(err);
-  s.done.store(1, std::memory_order_release);
+  s.done.store(1); // seq_cst pairs with the waiter's store to `sleeping`
+#if defined(__linux__)
+  if (s.sleeping.load())
+    syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&s.done), FUTEX_WAKE_PRIVATE, INT_MAX,
+            nullptr, nullptr, 0);
+#else
   s.done.notify_all();
+#endif
+}
+
+// Sleeps until `done` is set or `until` passes; returns whether it was set.
+inline bool block_until(op_state& s, std::chrono::steady_clock::time_point until) {
+#if defined(__linux__)
+  s.sleeping.store(1);
+  while (s.done.load() == 0) {
+    const auto left = until - std::chrono::steady_clock::now();
+    if (left <= std::chrono::nanoseconds::zero()) return false;
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+    timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+    syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&s.done), FUTEX_WAIT_PRIVATE, 0u, &ts,
+            nullptr, 0);
+  }
+  return true;
+#else
+  (void)until;
+  while (s.done.load() == 0) s.done.wait(0);
+  return true;
+#endif
 }
 
 } // namespace detail
@@ -87,6 +125,11 @@ public:
   }
   bool aborted() const noexcept { return aborted_.load(); }
   bool spin() const noexcept { return spin_; }
+  /// How long any wait blocks before failing (default policy::default_timeout).
+  void set_timeout(std::chrono::milliseconds t) noexcept { timeout_ms_.store(t.count()); }
+  std::chrono::milliseconds timeout() const noexcept {
+    return std::chrono::milliseconds(timeout_ms_.load());
+  }
 
 private:
   friend class communicator;
@@ -97,6 +140,7 @@ private:
   std::vector<detail::mailbox> boxes_;
   int n_;
   bool spin_ = true;
+  std::atomic<long long> timeout_ms_{policy::default_timeout.count()};
   std::atomic<bool> aborted_{false};
   std::mutex abort_m_;
   std::string abort_reason_;
@@ -106,12 +150,14 @@ private:
 class request {
 public:
   request() = default;
-  explicit request(std::shared_ptr<detail::op_state> s, bool spin) : s_(std::move(s)), spin_(spin) {}
-  request(request&& o) noexcept : s_(std::move(o.s_)), spin_(o.spin_) {}
+  request(std::shared_ptr<detail::op_state> s, bool spin, std::chrono::milliseconds timeout)
+      : s_(std::move(s)), timeout_(timeout), spin_(spin) {}
+  request(request&& o) noexcept : s_(std::move(o.s_)), timeout_(o.timeout_), spin_(o.spin_) {}
   request& operator=(request&& o) noexcept {
     if (this != &o) {
       cancel();
       s_ = std::move(o.s_);
+      timeout_ = o.timeout_;
       spin_ = o.spin_;
     }
     return *this;
@@ -128,13 +174,25 @@ public:
     finish();
     return true;
   }
-  /// Blocks until complete; throws gradsync::error if the operation failed.
+  /// Blocks until complete; throws gradsync::error if the operation failed
+  /// or the peer did not match it within the world's timeout.
   void wait() {
     if (!s_) return;
     if (spin_)
       for (int i = 0; i < 4000 && s_->done.load(std::memory_order_acquire) == 0; ++i) {
       }
-    while (s_->done.load(std::memory_order_acquire) == 0) s_->done.wait(0, std::memory_order_acquire);
+    if (s_->done.load(std::memory_order_acquire) == 0 &&
+        !detail::block_until(*s_, std::chrono::steady_clock::now() + timeout_)) {
+      const auto s = s_;
+      cancel(); // withdraws it (the peer can no longer touch our buffer) unless just matched
+      if (s->done.load() == 0)
+        throw error(s->op, s->rank, s->peer,
+                    "timed out after " + std::to_string(timeout_.count()) +
+                        " ms waiting for the peer (does every rank call the same collective "
+                        "with the same count, root and options?)");
+      if (!s->error.empty()) throw error(s->op, s->rank, s->peer, s->error);
+      return;
+    }
     finish();
   }
 
@@ -152,8 +210,8 @@ private:
             break;
           }
     }
-    if (!withdrawn)
-      while (s_->done.load(std::memory_order_acquire) == 0) s_->done.wait(0);
+    if (!withdrawn) // matched: the copy is in progress and finishes soon
+      detail::block_until(*s_, std::chrono::steady_clock::time_point::max());
     s_.reset();
   }
   void finish() {
@@ -161,6 +219,7 @@ private:
     if (!s->error.empty()) throw error(s->op, s->rank, s->peer, s->error);
   }
   std::shared_ptr<detail::op_state> s_;
+  std::chrono::milliseconds timeout_ = policy::default_timeout;
   bool spin_ = true;
 };
 
@@ -191,11 +250,11 @@ public:
       if (w_->aborted()) return failed(st);
       if (!take(box.recvs, rank_, tag, other)) {
         box.sends.push_back(std::move(mine));
-        return request(st, w_->spin());
+        return request(st, w_->spin(), w_->timeout());
       }
     }
     transfer(mine, other, /*send_st=*/*st, /*recv_st=*/*other.st, peer, rank_);
-    return request(st, w_->spin());
+    return request(st, w_->spin(), w_->timeout());
   }
 
   /// Posts a receive of exactly `data.size()` bytes from `peer`.
@@ -210,11 +269,11 @@ public:
       if (w_->aborted()) return failed(st);
       if (!take(box.sends, peer, tag, other)) {
         box.recvs.push_back(std::move(mine));
-        return request(st, w_->spin());
+        return request(st, w_->spin(), w_->timeout());
       }
     }
     transfer(other, mine, *other.st, *st, rank_, peer);
-    return request(st, w_->spin());
+    return request(st, w_->spin(), w_->timeout());
   }
 
 private:
@@ -255,7 +314,7 @@ private:
   }
   request failed(std::shared_ptr<detail::op_state> st) {
     detail::complete(*st, "aborted: " + w_->reason());
-    return request(std::move(st), false);
+    return request(std::move(st), false, w_->timeout());
   }
   void check_peer(const char* op, int peer) const {
     require(peer >= 0 && peer < size(), op, rank_,

@@ -1,0 +1,434 @@
+// gradsync: the MPI transport. Point-to-point on a duplicate of the user's
+// communicator (never on MPI_COMM_WORLD itself, so user traffic can never match
+// ours), plus the library's native collectives as the peer baseline.
+#pragma once
+
+#include <mpi.h>
+
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <cstddef>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../core/dtype.hpp"
+#include "../core/error.hpp"
+#include "../core/ops.hpp"
+#include "../core/policy.hpp"
+#include "../core/reduce.hpp"
+#include "transport.hpp"
+
+namespace gradsync::mpi {
+
+/// MPI datatype of element type T. half and bfloat16 travel as MPI_UINT16_T
+/// (MPI has no such types); reductions on them use a gradsync-defined MPI_Op.
+template <element T> MPI_Datatype datatype() {
+  using U = std::remove_cv_t<T>;
+  if constexpr (std::is_same_v<U, float>) return MPI_FLOAT;
+  else if constexpr (std::is_same_v<U, double>) return MPI_DOUBLE;
+  else if constexpr (std::is_same_v<U, std::int32_t>) return MPI_INT32_T;
+  else if constexpr (std::is_same_v<U, std::int64_t>) return MPI_INT64_T;
+  else return MPI_UINT16_T;
+}
+
+/// True when MPI can reduce T with its built-in operators.
+template <element T>
+inline constexpr bool has_builtin_reduction =
+    !std::is_same_v<std::remove_cv_t<T>, half> && !std::is_same_v<std::remove_cv_t<T>, bfloat16>;
+
+/// The MPI built-in operator for Op (avg maps to MPI_SUM; divide afterwards).
+template <reduce_op Op> MPI_Op builtin_op() {
+  switch (Op::kind) {
+  case op_kind::prod: return MPI_PROD;
+  case op_kind::min: return MPI_MIN;
+  case op_kind::max: return MPI_MAX;
+  case op_kind::sum:
+  case op_kind::avg: break;
+  }
+  return MPI_SUM;
+}
+
+namespace detail {
+
+inline std::string error_string(int code) {
+  char buf[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, buf, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+  return std::string(buf, static_cast<std::size_t>(len));
+}
+
+inline void check(int rc, const char* op, int rank, int peer = -1) {
+  if (rc != MPI_SUCCESS) throw error(op, rank, peer, error_string(rc));
+}
+
+inline bool initialized() {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  return init && !fin;
+}
+
+} // namespace detail
+
+/// Completion handle of an MPI send or receive. A transfer larger than
+/// policy::mpi_max_message_bytes travels as several messages (MPI counts are
+/// ints), all with the same tag, matched in order.
+class request {
+public:
+  request() = default;
+  request(request&& o) noexcept { *this = std::move(o); }
+  request& operator=(request&& o) noexcept {
+    if (this != &o) {
+      abandon();
+      reqs_ = std::move(o.reqs_);
+      sizes_ = std::move(o.sizes_);
+      op_ = o.op_;
+      rank_ = o.rank_;
+      peer_ = o.peer_;
+      recv_ = o.recv_;
+      timeout_ = o.timeout_;
+      o.reqs_.clear();
+    }
+    return *this;
+  }
+  request(const request&) = delete;
+  request& operator=(const request&) = delete;
+  /// An abandoned receive is cancelled (MPI never writes into the buffer
+  /// afterwards); an abandoned send is released to complete on its own.
+  ~request() { abandon(); }
+
+  /// Blocks until every part completed; throws on failure, size mismatch, or
+  /// when the peer has not matched it within the communicator's timeout.
+  void wait() {
+    if (reqs_.empty()) return;
+    using clock = std::chrono::steady_clock;
+    const auto start = clock::now();
+    for (unsigned i = 0;; ++i) {
+      if (test()) return;
+      if ((i & 255u) == 255u) {
+        const auto waited = clock::now() - start;
+        if (waited > timeout_) {
+          abandon();
+          throw error(op_, rank_, peer_,
+                      "timed out after " + std::to_string(timeout_.count()) +
+                          " ms waiting for the peer (does every rank call the same collective "
+                          "with the same count, root and options?)");
+        }
+        if (waited > std::chrono::microseconds(200)) sched_yield(); // be fair when oversubscribed
+      }
+    }
+  }
+  /// True once complete (then as wait()); false while pending.
+  bool test() {
+    if (reqs_.empty()) return true;
+    int flag = 0;
+    std::vector<MPI_Status> st(reqs_.size());
+    const int rc = MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &flag, st.data());
+    if (rc == MPI_SUCCESS && !flag) return false;
+    finish(rc, st);
+    return true;
+  }
+
+private:
+  friend class communicator;
+  void finish(int rc, std::vector<MPI_Status>& st) {
+    auto reqs = std::move(reqs_);
+    reqs_.clear();
+    if (rc != MPI_SUCCESS) {
+      // MPI_ERR_IN_STATUS: report the first failing part.
+      for (auto& s : st)
+        if (s.MPI_ERROR != MPI_SUCCESS) rc = s.MPI_ERROR;
+      throw error(op_, rank_, peer_, detail::error_string(rc));
+    }
+    if (!recv_) return;
+    for (std::size_t i = 0; i < st.size(); ++i) {
+      int got = 0;
+      MPI_Get_count(&st[i], MPI_BYTE, &got);
+      if (static_cast<std::size_t>(got) != sizes_[i])
+        throw error(op_, rank_, peer_,
+                    "message size mismatch: received " + std::to_string(got) +
+                        " bytes where a receive of " + std::to_string(sizes_[i]) +
+                        " bytes was posted (part " + std::to_string(i) + ")");
+    }
+  }
+  void abandon() noexcept {
+    for (auto& r : reqs_) {
+      if (r == MPI_REQUEST_NULL || !detail::initialized()) continue;
+      if (recv_) {
+        MPI_Cancel(&r);
+        MPI_Wait(&r, MPI_STATUS_IGNORE);
+      } else {
+        MPI_Request_free(&r);
+      }
+    }
+    reqs_.clear();
+  }
+  std::vector<MPI_Request> reqs_;
+  std::vector<std::size_t> sizes_;
+  const char* op_ = "";
+  int rank_ = -1, peer_ = -1;
+  bool recv_ = false;
+  std::chrono::milliseconds timeout_ = policy::default_timeout;
+};
+
+/// A gradsync communicator over MPI: a private duplicate of `user` (errors
+/// returned, not fatal). MPI must be initialised (see session). Move-only;
+/// frees its duplicate on destruction if MPI is still running.
+class communicator {
+public:
+  static constexpr std::string_view name = "mpi";
+
+  explicit communicator(MPI_Comm user = MPI_COMM_WORLD) {
+    require(detail::initialized(), "mpi.communicator", -1,
+            "MPI is not initialised: create a gradsync::mpi::session or call MPI_Init first");
+    detail::check(MPI_Comm_dup(user, &comm_), "mpi.communicator", -1);
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    // Node of every rank (for hierarchical schedules): ranks sharing memory
+    // form one node, numbered by their lowest rank.
+    MPI_Comm local;
+    detail::check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local),
+                  "mpi.communicator", rank_);
+    int lowest = rank_;
+    MPI_Allreduce(MPI_IN_PLACE, &lowest, 1, MPI_INT, MPI_MIN, local);
+    MPI_Comm_free(&local);
+    node_.resize(static_cast<std::size_t>(size_));
+    MPI_Allgather(&lowest, 1, MPI_INT, node_.data(), 1, MPI_INT, comm_);
+  }
+  communicator(communicator&& o) noexcept
+      : comm_(std::exchange(o.comm_, MPI_COMM_NULL)), rank_(o.rank_), size_(o.size_),
+        node_(std::move(o.node_)), timeout_(o.timeout_) {}
+  communicator& operator=(communicator&& o) noexcept {
+    if (this != &o) {
+      release();
+      comm_ = std::exchange(o.comm_, MPI_COMM_NULL);
+      rank_ = o.rank_;
+      size_ = o.size_;
+      node_ = std::move(o.node_);
+      timeout_ = o.timeout_;
+    }
+    return *this;
+  }
+  communicator(const communicator&) = delete;
+  communicator& operator=(const communicator&) = delete;
+  ~communicator() { release(); }
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  /// Node (shared-memory domain) of rank `r`, numbered by its lowest rank.
+  int node_of(int r) const { return node_.at(static_cast<std::size_t>(r)); }
+  /// The private duplicate communicator gradsync uses.
+  MPI_Comm native() const noexcept { return comm_; }
+  /// How long a wait blocks before failing (default policy::default_timeout).
+  void set_timeout(std::chrono::milliseconds t) noexcept { timeout_ = t; }
+  std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+
+  /// Posts a send of `data` to `peer` with `tag`.
+  request isend(std::span<const std::byte> data, int peer, int tag) {
+    return post(true, const_cast<std::byte*>(data.data()), data.size(), peer, tag);
+  }
+  /// Posts a receive of exactly `data.size()` bytes from `peer`.
+  request irecv(std::span<std::byte> data, int peer, int tag) {
+    return post(false, data.data(), data.size(), peer, tag);
+  }
+
+private:
+  request post(bool is_send, std::byte* p, std::size_t n, int peer, int tag) {
+    const char* op = is_send ? "mpi.send" : "mpi.recv";
+    require(peer >= 0 && peer < size_, op, rank_,
+            "peer " + std::to_string(peer) + " out of range [0, " + std::to_string(size_) + ")");
+    request r;
+    r.op_ = op;
+    r.rank_ = rank_;
+    r.peer_ = peer;
+    r.recv_ = !is_send;
+    r.timeout_ = timeout_;
+    const std::size_t chunk = policy::mpi_max_message_bytes;
+    std::size_t off = 0;
+    do {
+      const std::size_t len = std::min(chunk, n - off);
+      MPI_Request q = MPI_REQUEST_NULL;
+      const int rc = is_send ? MPI_Isend(p + off, static_cast<int>(len), MPI_BYTE, peer, tag, comm_, &q)
+                             : MPI_Irecv(p + off, static_cast<int>(len), MPI_BYTE, peer, tag, comm_, &q);
+      detail::check(rc, op, rank_, peer);
+      r.reqs_.push_back(q);
+      r.sizes_.push_back(len);
+      off += len;
+    } while (off < n);
+    return r;
+  }
+  void release() noexcept {
+    if (comm_ != MPI_COMM_NULL && detail::initialized()) MPI_Comm_free(&comm_);
+    comm_ = MPI_COMM_NULL;
+  }
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+  std::vector<int> node_;
+  std::chrono::milliseconds timeout_ = policy::default_timeout;
+};
+
+static_assert(transport<communicator>);
+
+/// RAII MPI lifetime for programs that want gradsync to manage it: initialises
+/// MPI unless the program already did, and finalises it only if it initialised it.
+class session {
+public:
+  /// `required` thread level: MPI_THREAD_SERIALIZED lets a background
+  /// progress thread drive collectives while the main thread computes.
+  session(int& argc, char**& argv, int required = MPI_THREAD_SERIALIZED) { init(&argc, &argv, required); }
+  explicit session(int required = MPI_THREAD_SERIALIZED) { init(nullptr, nullptr, required); }
+  session(const session&) = delete;
+  session& operator=(const session&) = delete;
+  ~session() {
+    if (owner_ && detail::initialized()) MPI_Finalize();
+  }
+  /// A communicator over all processes (a duplicate of MPI_COMM_WORLD).
+  communicator world() const { return communicator(MPI_COMM_WORLD); }
+  /// Thread level MPI provides.
+  int thread_level() const noexcept { return provided_; }
+  /// True if this session initialised MPI (and will finalise it).
+  bool owner() const noexcept { return owner_; }
+
+private:
+  void init(int* argc, char*** argv, int required) {
+    int init = 0;
+    MPI_Initialized(&init);
+    if (init) {
+      MPI_Query_thread(&provided_);
+      return;
+    }
+    const int rc = MPI_Init_thread(argc, argv, required, &provided_);
+    if (rc != MPI_SUCCESS) throw error("mpi.session", -1, -1, detail::error_string(rc));
+    owner_ = true;
+  }
+  bool owner_ = false;
+  int provided_ = MPI_THREAD_SINGLE;
+};
+
+/// True when the program was started by an MPI launcher (mpiexec/mpirun sets
+/// one of these variables), so a binary can default to the MPI transport.
+inline bool launched_by_mpiexec() {
+  for (const char* v : {"PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS"})
+    if (std::getenv(v)) return true;
+  return false;
+}
+
+/// The MPI library's own collectives on gradsync's duplicate communicator:
+/// the peer baseline of the bench, and a fallback for users. Counts above
+/// INT_MAX are split into several calls where the operation allows it.
+namespace native {
+
+namespace detail {
+template <element T, reduce_op Op> void user_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+  const T* a = static_cast<const T*>(in);
+  T* b = static_cast<T*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = combine1(a[i], b[i], Op{});
+}
+
+// An MPI_Op for (T, Op): the built-in when MPI has one, else a temporary user op.
+template <element T, reduce_op Op> class op_handle {
+public:
+  op_handle() {
+    if constexpr (has_builtin_reduction<T>) op_ = builtin_op<Op>();
+    else {
+      MPI_Op_create(&user_reduce<T, Op>, 1, &op_);
+      owned_ = true;
+    }
+  }
+  ~op_handle() {
+    if (owned_ && gradsync::mpi::detail::initialized()) MPI_Op_free(&op_);
+  }
+  op_handle(const op_handle&) = delete;
+  op_handle& operator=(const op_handle&) = delete;
+  MPI_Op get() const { return op_; }
+
+private:
+  MPI_Op op_ = MPI_OP_NULL;
+  bool owned_ = false;
+};
+
+inline int int_count(std::size_t n, const char* op, int rank) {
+  require(n <= static_cast<std::size_t>(INT_MAX), op, rank,
+          "native MPI baseline limited to INT_MAX elements per block");
+  return static_cast<int>(n);
+}
+} // namespace detail
+
+/// MPI_Allreduce (in place when in and out are the same buffer).
+template <element T, reduce_op Op = op::sum>
+void allreduce(communicator& c, std::type_identity_t<std::span<const T>> in, std::span<T> out, Op op = {}) {
+  require(out.size() >= in.size(), "native.allreduce", c.rank(), "output smaller than input");
+  detail::op_handle<T, Op> h;
+  const std::size_t step = INT_MAX;
+  for (std::size_t off = 0; off < in.size(); off += step) {
+    const int n = static_cast<int>(std::min(step, in.size() - off));
+    const void* src = in.data() == out.data() ? MPI_IN_PLACE : static_cast<const void*>(in.data() + off);
+    gradsync::mpi::detail::check(MPI_Allreduce(src, out.data() + off, n, datatype<T>(), h.get(), c.native()),
+                                 "native.allreduce", c.rank());
+  }
+  finalize(out.data(), in.size(), op, c.size());
+}
+
+/// MPI_Reduce_scatter_block: in holds size() blocks of out.size() elements.
+template <element T, reduce_op Op = op::sum>
+void reduce_scatter(communicator& c, std::type_identity_t<std::span<const T>> in, std::span<T> out, Op op = {}) {
+  require(in.size() == out.size() * static_cast<std::size_t>(c.size()), "native.reduce_scatter",
+          c.rank(), "input must hold ranks x output elements");
+  detail::op_handle<T, Op> h;
+  const int n = detail::int_count(out.size(), "native.reduce_scatter", c.rank());
+  gradsync::mpi::detail::check(
+      MPI_Reduce_scatter_block(in.data(), out.data(), n, datatype<T>(), h.get(), c.native()),
+      "native.reduce_scatter", c.rank());
+  finalize(out.data(), out.size(), op, c.size());
+}
+
+/// MPI_Allgather: out holds size() blocks of in.size() elements.
+template <element T>
+void allgather(communicator& c, std::type_identity_t<std::span<const T>> in, std::span<T> out) {
+  require(out.size() == in.size() * static_cast<std::size_t>(c.size()), "native.allgather", c.rank(),
+          "output must hold ranks x input elements");
+  const int n = detail::int_count(in.size(), "native.allgather", c.rank());
+  gradsync::mpi::detail::check(MPI_Allgather(in.data(), n, datatype<T>(), out.data(), n, datatype<T>(), c.native()),
+                               "native.allgather", c.rank());
+}
+
+/// MPI_Bcast from `root`.
+template <element T> void broadcast(communicator& c, std::span<T> data, int root) {
+  const std::size_t step = INT_MAX;
+  for (std::size_t off = 0; off < data.size(); off += step) {
+    const int n = static_cast<int>(std::min(step, data.size() - off));
+    gradsync::mpi::detail::check(MPI_Bcast(data.data() + off, n, datatype<T>(), root, c.native()),
+                                 "native.broadcast", c.rank());
+  }
+}
+
+/// MPI_Reduce to `root` (out used at the root only).
+template <element T, reduce_op Op = op::sum>
+void reduce(communicator& c, std::type_identity_t<std::span<const T>> in, std::span<T> out, int root, Op op = {}) {
+  detail::op_handle<T, Op> h;
+  const bool at_root = c.rank() == root;
+  const std::size_t step = INT_MAX;
+  for (std::size_t off = 0; off < in.size(); off += step) {
+    const int n = static_cast<int>(std::min(step, in.size() - off));
+    const void* src = at_root && in.data() == out.data() ? MPI_IN_PLACE : static_cast<const void*>(in.data() + off);
+    gradsync::mpi::detail::check(MPI_Reduce(src, at_root ? out.data() + off : nullptr, n, datatype<T>(), h.get(),
+                                            root, c.native()),
+                                 "native.reduce", c.rank());
+  }
+  if (at_root) finalize(out.data(), in.size(), op, c.size());
+}
+
+/// MPI_Barrier.
+inline void barrier(communicator& c) {
+  gradsync::mpi::detail::check(MPI_Barrier(c.native()), "native.barrier", c.rank());
+}
+
+} // namespace native
+} // namespace gradsync::mpi
