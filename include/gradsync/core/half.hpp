@@ -70,7 +70,8 @@ GRADSYNC_HD inline float half_bits_to_float(std::uint16_t h) {
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
   std::uint32_t e = (h >> 10) & 0x1fu;
   std::uint32_t m = h & 0x3ffu;
-  if (e == 0x1fu) return bits_float(sign | 0x7f800000u | (m << 13));
+  if (e == 0x1fu) // Inf, or NaN: payload kept, quieted (like float_to_half_bits)
+    return bits_float(sign | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0u));
   if (e == 0) {
     if (m == 0) return bits_float(sign);
     // normalise the subnormal: shift until the implicit bit appears
@@ -92,8 +93,10 @@ GRADSYNC_HD inline std::uint16_t float_to_bf16_bits(float f) {
   return static_cast<std::uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }
 
+/// bfloat16 bits -> float (exact); a signalling NaN comes back quiet.
 GRADSYNC_HD inline float bf16_bits_to_float(std::uint16_t b) {
-  return bits_float(static_cast<std::uint32_t>(b) << 16);
+  const std::uint32_t quiet = (b & 0x7fffu) > 0x7f80u ? 0x400000u : 0u; // a select, not a branch
+  return bits_float((static_cast<std::uint32_t>(b) << 16) | quiet);
 }
 
 } // namespace detail

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 #include <string_view>
+#include <type_traits>
 
 #include "config.hpp"
 #include "dtype.hpp"
@@ -22,7 +23,11 @@ struct sum {
   static constexpr std::string_view name = "sum";
   static constexpr bool commutative = true;
   template <class A> GRADSYNC_HD A operator()(A a, A b) const { return a + b; }
-  template <class A> static constexpr A identity() { return A(0); }
+  /// -0.0 for floating types: +0.0 + -0.0 is +0.0, so only -0.0 leaves every x unchanged.
+  template <class A> static constexpr A identity() {
+    if constexpr (std::is_floating_point_v<A>) return -A(0);
+    else return A(0);
+  }
 };
 
 /// Elementwise product.
@@ -65,7 +70,11 @@ struct avg {
   static constexpr std::string_view name = "avg";
   static constexpr bool commutative = true;
   template <class A> GRADSYNC_HD A operator()(A a, A b) const { return a + b; }
-  template <class A> static constexpr A identity() { return A(0); }
+  /// -0.0 for floating types: +0.0 + -0.0 is +0.0, so only -0.0 leaves every x unchanged.
+  template <class A> static constexpr A identity() {
+    if constexpr (std::is_floating_point_v<A>) return -A(0);
+    else return A(0);
+  }
 };
 
 } // namespace op
