@@ -1,0 +1,185 @@
+// gradsync: pieces the sparsifying codecs (topk, approx_topk, threshold)
+// share: the magnitude key with its tie rule, an exact radix select, and the
+// sorted (index, value) body with its validating decode loop.
+//
+// Sparse body of k entries (after the codec's parameter block):
+//
+//   offset  size          field
+//   0       4 k           indices, u32, strictly increasing, each < count
+//   4 k     sizeof(T) k   values, element type T, in the order of the indices
+//
+// Ranking rule of every sparsifier: elements are ordered by |x| as a float
+// (for double: |x| rounded to float), larger first; equal magnitudes keep the
+// lower index first. NaN ranks above +Inf, +Inf above every finite value, and
+// -0 ties with +0. So non-finite values are the first to be sent.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "../core/config.hpp"
+#include "../core/half.hpp"
+#include "codec.hpp"
+#include "wire.hpp"
+
+namespace gradsync::compress::sparse {
+
+/// Orderable magnitude key of one element: the bits of |float(x)|. For
+/// non-negative floats the bit pattern orders like the value; every NaN key
+/// lies above the +Inf key.
+template <float_element T> GRADSYNC_HD inline std::uint32_t magnitude_key(T x) {
+  return gradsync::detail::float_bits(to_float(x)) & 0x7fffffffu;
+}
+
+/// Largest element count a sparse payload can index (u32 indices).
+inline constexpr std::uint64_t max_count = std::uint64_t{1} << 32;
+
+/// Body bytes of k entries of T.
+template <class T> constexpr std::size_t body_bytes(std::size_t k) {
+  return k * (sizeof(std::uint32_t) + sizeof(T));
+}
+
+/// Stores entry j of a body holding k entries.
+template <class T>
+GRADSYNC_HD inline void put(std::byte* body, std::size_t k, std::size_t j, std::uint32_t index,
+                            T value) {
+  wire::store<std::uint32_t>(body + 4 * j, index);
+  wire::store<T>(body + 4 * k + sizeof(T) * j, value);
+}
+
+/// Rejects an encode input too long for u32 indices.
+inline void check_count(std::size_t n, const char* op) {
+  wire::check(n <= max_count, op,
+              "tensor of " + std::to_string(n) + " elements: sparse payloads index at most 2^32");
+}
+
+// ---------------------------------------------------------------------------
+// Exact selection of the k largest keys: MSD radix select over the 31-bit key
+// in three digits ([30..20], [19..10], [9..0]). Each digit costs one counting
+// pass restricted to keys that share the prefix found so far; a final pass
+// emits in source order, so the output is sorted by index for free and the
+// tie rule (lower index first) falls out of that order. O(count) time,
+// radix_buckets counters of workspace, no sort.
+
+inline constexpr int radix_digits = 3;
+inline constexpr int radix_shift[radix_digits + 1] = {31, 20, 10, 0};
+/// Counters a radix select needs (the widest digit has 11 bits).
+inline constexpr std::size_t radix_buckets = 2048;
+
+/// Where the top k stop: every key above `key` is in, and so are the first
+/// `take_equal` keys equal to it, in source order.
+struct cut {
+  std::uint32_t key = 0;
+  std::size_t take_equal = 0;
+};
+
+/// The cut of the k largest among key(0) .. key(count-1); 1 <= k <= count.
+template <class KeyFn>
+cut radix_select(std::size_t count, std::size_t k, KeyFn key, std::span<std::size_t> hist) {
+  std::uint32_t prefix = 0, prefix_mask = 0;
+  std::size_t need = k; // how many keys sharing `prefix` still belong to the top k
+  for (int d = 0; d < radix_digits; ++d) {
+    const int s = radix_shift[d + 1];
+    const std::uint32_t dmask = (std::uint32_t{1} << (radix_shift[d] - s)) - 1u;
+    for (std::uint32_t b = 0; b <= dmask; ++b) hist[b] = 0;
+    for (std::size_t j = 0; j < count; ++j) {
+      const std::uint32_t kk = key(j);
+      if ((kk & prefix_mask) == prefix) ++hist[(kk >> s) & dmask];
+    }
+    // Keys sharing the prefix number at least `need`, so the scan stops at or
+    // above bucket 0 with hist[b] >= need.
+    std::uint32_t b = dmask;
+    while (b > 0 && hist[b] < need) need -= hist[b--];
+    prefix |= b << s;
+    prefix_mask |= dmask << s;
+  }
+  return {prefix, need};
+}
+
+/// Calls emit(j) for the k largest keys, j increasing (k <= count).
+template <class KeyFn, class Emit>
+void select_top(std::size_t count, std::size_t k, KeyFn key, std::span<std::size_t> hist,
+                Emit emit) {
+  if (k == 0) return;
+  if (k >= count) {
+    for (std::size_t j = 0; j < count; ++j) emit(j);
+    return;
+  }
+  const cut c = radix_select(count, k, key, hist);
+  std::size_t equal = 0;
+  for (std::size_t j = 0; j < count; ++j) {
+    const std::uint32_t kk = key(j);
+    if (kk > c.key || (kk == c.key && equal++ < c.take_equal)) emit(j);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Decoding.
+
+/// Validates a body of k entries for a tensor of `count` elements: exact
+/// length, indices strictly increasing and below count. Writes nothing.
+template <float_element T>
+void validate(std::span<const std::byte> body, std::uint64_t k, std::uint64_t count,
+              const char* op) {
+  wire::check(k <= count, op,
+              "payload announces " + std::to_string(k) + " entries for " +
+                  std::to_string(count) + " elements");
+  const std::uint64_t need = wire::checked_mad(k, sizeof(std::uint32_t) + sizeof(T), 0, op);
+  wire::check(body.size() == need, op,
+              "body is " + std::to_string(body.size()) + " bytes, " + std::to_string(k) +
+                  " entries need " + std::to_string(need));
+  std::uint64_t next = 0; // smallest index the next entry may carry
+  for (std::size_t j = 0; j < k; ++j) {
+    const std::uint64_t i = wire::load<std::uint32_t>(body.data() + 4 * j);
+    if (i < next || i >= count)
+      wire::fail(op, "entry " + std::to_string(j) + " has index " + std::to_string(i) +
+                         (i >= count ? ", outside the " + std::to_string(count) + " elements"
+                                     : ", not above the previous index"));
+    next = i + 1;
+  }
+}
+
+/// Feeds the (index, value) entries of a validated body to `sink`.
+template <float_element T, class Sink>
+void scatter(std::span<const std::byte> body, std::size_t k, Sink sink) {
+  const std::byte* vals = body.data() + 4 * k;
+  for (std::size_t j = 0; j < k; ++j)
+    sink(wire::load<std::uint32_t>(body.data() + 4 * j),
+         to_float(wire::load<T>(vals + sizeof(T) * j)));
+}
+
+/// Shared decode of every sparsifier: opens the payload (param_bytes long,
+/// entry count as u64 at parameter offset k_at), validates everything, then
+/// zeroes the output (when `zero` is given) and scatters into `sink`.
+template <float_element T, class Sink>
+void decode(std::span<const std::byte> payload, codec_id id, std::size_t param_bytes,
+            std::size_t k_at, std::size_t out_count, Sink sink, T* zero, const char* op) {
+  const wire::view v = wire::open(payload, id, dtype_traits<T>::id, param_bytes, op);
+  wire::check_count(v, out_count, op);
+  const std::uint64_t k = wire::load<std::uint64_t>(v.params.data() + k_at);
+  validate<T>(v.body, k, v.h.count, op);
+  if (zero != nullptr)
+    for (std::size_t i = 0; i < out_count; ++i) zero[i] = T(0.0f);
+  scatter<T>(v.body, static_cast<std::size_t>(k), sink);
+}
+
+/// Codec::decode of a sparsifier: out = the sparse tensor (zeros elsewhere).
+template <class Codec>
+void decode_store(std::span<const std::byte> payload, std::span<typename Codec::value_type> out) {
+  using T = typename Codec::value_type;
+  decode<T>(payload, Codec::id, Codec::param_bytes, Codec::count_offset, out.size(),
+            store_sink<T>{out.data()}, out.data(), Codec::decode_op);
+}
+
+/// Codec::decode_accumulate of a sparsifier: acc[index] += value per entry.
+template <class Codec>
+void decode_add(std::span<const std::byte> payload,
+                std::span<accum_t<typename Codec::value_type>> acc) {
+  using T = typename Codec::value_type;
+  decode<T>(payload, Codec::id, Codec::param_bytes, Codec::count_offset, acc.size(),
+            accumulate_sink<T>{acc.data()}, static_cast<T*>(nullptr), Codec::decode_op);
+}
+
+} // namespace gradsync::compress::sparse
