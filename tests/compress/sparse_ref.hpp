@@ -69,6 +69,23 @@ entries<T> read(std::span<const std::byte> p, std::size_t param_bytes) {
   return e;
 }
 
+/// Checks a decoded tensor: x at the (increasing) indices, zero elsewhere.
+template <class T>
+void check_decoded(const std::vector<T>& x, const std::vector<std::uint32_t>& index,
+                   const std::vector<T>& dec) {
+  REQUIRE(dec.size() == x.size());
+  std::size_t j = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (j < index.size() && index[j] == i) {
+      CHECK(same_bits(dec[i], x[i]));
+      ++j;
+    } else {
+      CHECK(static_cast<float>(dec[i]) == 0.0f);
+    }
+  }
+  CHECK(j == index.size());
+}
+
 /// Copy of `p` with the u32 index of entry j replaced, checksum re-sealed.
 inline std::vector<std::byte> with_index(std::span<const std::byte> p, std::size_t param_bytes,
                                          std::size_t j, std::uint32_t index) {

@@ -34,16 +34,7 @@ template <class T> void check_against_sort(const std::vector<T>& x, std::size_t 
   const auto got = sparse_ref::read<T>(p, cz::topk<T>::param_bytes);
   REQUIRE(got.index == ref);
   for (std::size_t j = 0; j < ref.size(); ++j) CHECK(sparse_ref::same_bits(got.value[j], x[ref[j]]));
-  const auto dec = cz::decode_to_vector(c, p);
-  std::size_t j = 0;
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    if (j < ref.size() && ref[j] == i) {
-      CHECK(sparse_ref::same_bits(dec[i], x[i]));
-      ++j;
-    } else {
-      CHECK(static_cast<float>(dec[i]) == 0.0f);
-    }
-  }
+  sparse_ref::check_decoded(x, ref, cz::decode_to_vector(c, p));
 }
 
 template <class T> void random_sweep(std::uint64_t seed) {

@@ -1,0 +1,197 @@
+// gradsync: approximate top-k by a sampled threshold (Deep Gradient
+// Compression, Lin et al., ICLR'18).
+//
+// Exact top-k reads the tensor once per radix digit; this codec reads it once:
+//  1. draw s sample indices with Philox (seed, step, rank), s chosen so that
+//     about policy::approx_topk_sample_hits samples land above the target
+//     quantile; the threshold is the sample's ceil(overshoot * s * k / n)-th
+//     largest magnitude, i.e. aimed a little below the true k-th largest;
+//  2. one pass collects the candidates |x| >= threshold (in index order) into a
+//     buffer of candidate_factor * k slots;
+//  3. more candidates than k: an exact radix select among the candidates only
+//     keeps the k largest; k or fewer: all are sent (the achieved density is
+//     below target, which happens when the sample overestimated the threshold).
+//     A candidate buffer overflow (sample far off, or massive ties such as an
+//     all-zero tensor) falls back to an exact selection over the whole tensor.
+// In every case the sent set is the exact top-e of the tensor for the e it
+// sends (same ranking and tie rule as topk), so only the count is approximate:
+// e <= k = ceil(density * n). The achieved density is reported in the state.
+//
+// Parameter block (16 bytes): f64 requested density, u64 entries sent.
+// Body: the sparse body of sparse.hpp.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "../core/policy.hpp"
+#include "codec.hpp"
+#include "philox.hpp"
+#include "sparse.hpp"
+#include "wire.hpp"
+
+namespace gradsync::compress {
+
+/// Per-tensor state of approx_topk: the Philox key of the sample and what the
+/// last call achieved.
+struct approx_topk_state {
+  std::uint64_t seed = 0;
+  std::uint64_t step = 0; ///< advanced by one per encode
+  std::uint32_t rank = 0;
+  std::size_t sent = 0;          ///< entries of the last payload
+  double achieved_density = 0.0; ///< sent / n of the last call (0 for n = 0)
+  std::uint64_t fallbacks = 0;   ///< calls that needed an exact whole-tensor select
+};
+
+/// Sample index j of a tensor of n elements (n <= 2^32): a Philox word
+/// scaled into [0, n) by a 32x32 -> 64-bit multiply (no modulo bias beyond
+/// 2^-32 per index).
+GRADSYNC_HD inline std::size_t approx_topk_sample_index(const philox_stream& rng, std::size_t j,
+                                                        std::size_t n) {
+  return static_cast<std::size_t>((static_cast<std::uint64_t>(rng.bits(j)) * n) >> 32);
+}
+
+/// Approximate top-k codec (see the file comment).
+template <float_element T> struct approx_topk {
+  using value_type = T;
+  using state = approx_topk_state;
+  static constexpr codec_id id = codec_id::approx_topk;
+  static constexpr std::string_view name = "approx_topk";
+  static constexpr const char* encode_op = "encode.approx_topk";
+  static constexpr const char* decode_op = "decode.approx_topk";
+  static constexpr std::size_t param_bytes = 16;
+  static constexpr std::size_t count_offset = 8;
+
+  /// Target fraction of elements sent, in [0, 1].
+  double density = 0.01;
+
+  /// Target entries for n elements: ceil(density * n), at most n.
+  static std::size_t target(double density, std::size_t n) {
+    const double k = std::ceil(density * static_cast<double>(n));
+    return k >= static_cast<double>(n) ? n : static_cast<std::size_t>(k);
+  }
+  /// Sample size for n elements and target k; 0 selects the exact path (when
+  /// sampling would read half the tensor anyway).
+  static std::size_t sample_size(std::size_t n, std::size_t k) {
+    if (k == 0 || k >= n) return 0;
+    const double s = std::ceil(static_cast<double>(policy::approx_topk_sample_hits) *
+                               static_cast<double>(n) / static_cast<double>(k));
+    const double m = std::max(s, static_cast<double>(policy::approx_topk_min_sample));
+    return m * 2.0 >= static_cast<double>(n) ? 0 : static_cast<std::size_t>(m); // else: exact
+  }
+  /// Candidate slots for target k.
+  static std::size_t candidate_slots(std::size_t k) {
+    return static_cast<std::size_t>(
+        std::ceil(policy::approx_topk_candidate_factor * static_cast<double>(k)));
+  }
+
+  std::size_t max_encoded_bytes(std::size_t n) const {
+    return wire::header_bytes + param_bytes + sparse::body_bytes<T>(target(density, n));
+  }
+
+  /// Sample keys, candidate indices and radix counters.
+  std::size_t workspace_bytes(std::size_t n) const {
+    const std::size_t k = target(density, n), s = sample_size(n, k);
+    if (k == 0 || k == n) return 0;
+    if (s == 0) return workspace_piece<std::size_t>(sparse::radix_buckets);
+    return workspace_piece<std::uint32_t>(s) + workspace_piece<std::uint32_t>(candidate_slots(k)) +
+           workspace_piece<std::size_t>(sparse::radix_buckets);
+  }
+
+  /// Encodes about density * n of the largest magnitudes; records the result in `st`.
+  std::size_t encode(std::span<const T> in, state& st, std::span<std::byte> ws,
+                     std::span<std::byte> out) const {
+    const std::size_t n = in.size();
+    wire::check(density >= 0.0 && density <= 1.0, encode_op,
+                "density " + std::to_string(density) + " is outside [0, 1]");
+    sparse::check_count(n, encode_op);
+    check_encode_buffers(encode_op, out.size(), max_encoded_bytes(n), ws.size(),
+                         workspace_bytes(n));
+    stream_state ss{st.seed, st.step, st.rank};
+    const philox_stream rng = ss.next();
+    st.step = ss.step;
+
+    const std::size_t k = target(density, n), s = sample_size(n, k);
+    wire::writer w(out, id, dtype_traits<T>::id, n, param_bytes, encode_op);
+    std::byte* body = w.body().data();
+    const T* x = in.data();
+    const auto key = [x](std::size_t i) { return sparse::magnitude_key(x[i]); };
+    workspace_cursor cur(ws, encode_op);
+    // The body is written with a stride of k entries and compacted at the end
+    // when fewer are sent, so entries can stream out as they are selected.
+    std::size_t e = 0;
+    const auto emit = [&](std::size_t i) {
+      sparse::put<T>(body, k, e++, static_cast<std::uint32_t>(i), x[i]);
+    };
+    if (s == 0) {
+      const auto hist = cur.take<std::size_t>(k == 0 || k == n ? 0 : sparse::radix_buckets);
+      sparse::select_top(n, k, key, hist, emit);
+    } else {
+      const auto sample = cur.take<std::uint32_t>(s);
+      const auto cand = cur.take<std::uint32_t>(candidate_slots(k));
+      const auto hist = cur.take<std::size_t>(sparse::radix_buckets);
+      for (std::size_t j = 0; j < s; ++j) sample[j] = key(approx_topk_sample_index(rng, j, n));
+      const double q = std::ceil(policy::approx_topk_overshoot * static_cast<double>(s) *
+                                 static_cast<double>(k) / static_cast<double>(n));
+      const std::size_t rank = std::min(s, static_cast<std::size_t>(q)) - 1;
+      std::nth_element(sample.begin(), sample.begin() + static_cast<std::ptrdiff_t>(rank),
+                       sample.end(), std::greater<>{});
+      const std::uint32_t thr = sample[rank];
+      std::size_t c = 0;
+      for (std::size_t i = 0; i < n; ++i)
+        if (key(i) >= thr) {
+          if (c < cand.size()) cand[c] = static_cast<std::uint32_t>(i);
+          ++c;
+        }
+      if (c > cand.size()) {
+        ++st.fallbacks;
+        sparse::select_top(n, k, key, hist, emit);
+      } else {
+        sparse::select_top(
+            c, k, [&](std::size_t j) { return key(cand[j]); }, hist,
+            [&](std::size_t j) { emit(cand[j]); });
+      }
+    }
+    if (e < k) // compact: values move up against the e indices
+      std::memmove(body + 4 * e, body + 4 * k, sizeof(T) * e);
+    wire::param_writer(w.params()).put<double>(density).put<std::uint64_t>(e);
+    st.sent = e;
+    st.achieved_density = n == 0 ? 0.0 : static_cast<double>(e) / static_cast<double>(n);
+    return w.finish(sparse::body_bytes<T>(e));
+  }
+
+  /// out = the sparse tensor of `payload` (zeros off the sent indices).
+  void decode(std::span<const std::byte> payload, std::span<T> out) const {
+    check_params(payload);
+    sparse::decode_store<approx_topk>(payload, out);
+  }
+  /// acc[i] += value for every sent entry.
+  void decode_accumulate(std::span<const std::byte> payload, std::span<accum_t<T>> acc) const {
+    check_params(payload);
+    sparse::decode_add<approx_topk>(payload, acc);
+  }
+
+private:
+  // The requested density must be a valid one and the entry count within its target.
+  static void check_params(std::span<const std::byte> payload) {
+    const wire::view v = wire::open(payload, id, dtype_traits<T>::id, param_bytes, decode_op);
+    wire::param_reader r(v.params);
+    const double d = r.get<double>();
+    const std::uint64_t e = r.get<std::uint64_t>();
+    wire::check(d >= 0.0 && d <= 1.0, decode_op,
+                "requested density " + std::to_string(d) + " is outside [0, 1]");
+    const double limit = std::ceil(d * static_cast<double>(v.h.count));
+    wire::check(static_cast<double>(e) <= limit, decode_op,
+                std::to_string(e) + " entries exceed the density target " +
+                    std::to_string(limit));
+  }
+};
+
+} // namespace gradsync::compress
