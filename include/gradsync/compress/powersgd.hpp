@@ -250,11 +250,12 @@ template <float_element T> struct powersgd {
       }
     }
     if (poisoned && body_bytes != 0) std::memset(body, 0, body_bytes);
+    const auto used = static_cast<std::uint32_t>(r), flags = poisoned ? 1u : 0u;
     wire::param_writer(w.params())
         .put<std::uint64_t>(rows)
         .put<std::uint64_t>(cols)
-        .put<std::uint32_t>(static_cast<std::uint32_t>(r))
-        .put<std::uint32_t>(poisoned ? 1u : 0u);
+        .put<std::uint32_t>(used)
+        .put<std::uint32_t>(flags);
     return w.finish(body_bytes);
   }
 
