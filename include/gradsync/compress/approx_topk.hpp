@@ -72,8 +72,10 @@ template <float_element T> struct approx_topk {
   /// Target fraction of elements sent, in [0, 1].
   double density = 0.01;
 
-  /// Target entries for n elements: ceil(density * n), at most n.
+  /// Target entries for n elements: ceil(density * n), at most n (0 for a
+  /// density that is not positive, NaN included; encode rejects those).
   static std::size_t target(double density, std::size_t n) {
+    if (!(density > 0.0)) return 0;
     const double k = std::ceil(density * static_cast<double>(n));
     return k >= static_cast<double>(n) ? n : static_cast<std::size_t>(k);
   }
