@@ -82,7 +82,7 @@ template <class V> bool is_sentinel(const std::vector<V>& v) {
 /// `must_reject` makes a successful decode a test failure.
 template <cz::codec C>
 std::string probe(const C& c, std::span<const std::byte> p, std::size_t count, bool must_reject,
-                  const char* what) {
+                  const std::string& what) {
   using T = typename C::value_type;
   std::vector<T> out(count);
   std::vector<gradsync::accum_t<T>> acc(count);
@@ -108,7 +108,7 @@ std::string probe(const C& c, std::span<const std::byte> p, std::size_t count, b
 template <cz::codec C>
 void expect_rejected(const C& c, std::span<const std::byte> p, std::size_t count,
                      const std::string& needle) {
-  const std::string why = probe(c, p, count, true, needle.c_str());
+  const std::string why = probe(c, p, count, true, needle);
   CHECK_MESSAGE(why.find(needle) != std::string::npos, "expected '", needle, "' in: ", why);
 }
 

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 
 namespace gradsync::policy {
 
@@ -50,5 +51,30 @@ inline constexpr double approx_topk_candidate_factor = 2.0;
 /// numerically dependent (float rounding leaves ~1e-6 relative) and is
 /// replaced by a fresh random direction.
 inline constexpr float powersgd_dependence_tol = 1e-4f;
+
+// ---- quantisers (compress/int8.hpp, int4.hpp, sign.hpp, terngrad.hpp, qsgd.hpp) ----
+
+/// Default elements per scale of the blockwise quantisers. Measured on the
+/// 2-core CI host with a bench loop over 2^22 floats drawn from Student-t(3)
+/// in 64 "layers" whose scales span 4 decades (heavy tails as in real
+/// gradients); relative RMS error ||x - decoded|| / ||x|| against bits per
+/// element (codes + 32-bit scales), see docs/compression.md for the table.
+/// Host throughput was flat in the block size (within noise), so the choice
+/// is the knee of error against scale overhead:
+/// int8: 64 -> 1.08 % at 8.50 b, 256 -> 1.71 % at 8.13 b, 1024 -> 2.70 % at 8.03 b.
+inline constexpr std::uint32_t int8_block = 256;
+/// int4: 32 -> 14.4 % at 5.0 b, 64 -> 18.1 % at 4.5 b, 128 -> 22.4 % at 4.25 b.
+inline constexpr std::uint32_t int4_block = 64;
+/// sign: error is flat (75.5 % at block 32 .. 76.7 % at 16384; the sign
+/// discards magnitudes), so take a block whose scale costs 0.03 b.
+inline constexpr std::uint32_t sign_block = 1024;
+/// terngrad: 128 -> 154 % at 2.25 b, 256 -> 179 % at 2.13 b, 512 -> 207 % at 2.06 b
+/// (one draw; the noise averages out over steps and ranks, it is unbiased).
+inline constexpr std::uint32_t terngrad_block = 256;
+/// qsgd, 7 levels (4-bit codes): 64 -> 45 % at 4.5 b, 128 -> 63 % at 4.25 b,
+/// 512 (the paper's bucket) -> 112 % at 4.06 b.
+inline constexpr std::uint32_t qsgd_bucket = 128;
+/// qsgd levels: 7 is the most that fits 4-bit sign-magnitude codes.
+inline constexpr std::uint16_t qsgd_levels = 7;
 
 } // namespace gradsync::policy

@@ -1,0 +1,83 @@
+// gradsync: QSGD (Alistarh et al., 2017) with s levels and bucketing. Per
+// bucket the scale is its l2 norm ||x||; element x becomes
+// ||x|| * sign(x) * l / s where l = floor(s |x| / ||x||) + Bernoulli(frac), so
+// E[decoded] = x (up to the 2^-24 grid of the uniforms) and
+// Var <= ||x||^2 / (4 s^2) per element. A norm beyond the float range is
+// stored as FLT_MAX and a rounded norm is raised to max|x|; any scale >= max|x|
+// keeps the codec unbiased. Noise: Philox keyed by (seed, step, rank, index).
+// Wire: the blockwise family (blockwise.hpp), codec id 5, arg = s (1 .. 127),
+// sign-magnitude codes of 4 bits when s <= 7 (sign in bit 3), else 8 bits
+// (sign in bit 7); a magnitude above s or a negative zero is invalid.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "../core/policy.hpp"
+#include "blockwise.hpp"
+
+namespace gradsync::compress {
+
+/// Code width for s levels.
+GRADSYNC_HD inline unsigned qsgd_bits(unsigned levels) { return levels <= 7 ? 4u : 8u; }
+
+/// Per-element math: r = x / ||x|| in [-1, 1], u uniform in [0, 1).
+GRADSYNC_HD inline std::uint32_t qsgd_code(float r, float u, unsigned levels) {
+  const float a = (r < 0.0f ? -r : r) * static_cast<float>(levels);
+  const float f = floorf(a);
+  std::uint32_t l = static_cast<std::uint32_t>(f) + (u < a - f ? 1u : 0u);
+  l = l > levels ? levels : l;
+  return l == 0 ? 0u : (l | (r < 0.0f ? 1u << (qsgd_bits(levels) - 1) : 0u));
+}
+/// Per-element math: +-l / s.
+GRADSYNC_HD inline float qsgd_fraction(std::uint32_t c, unsigned levels) {
+  const unsigned sb = qsgd_bits(levels) - 1;
+  const float f = static_cast<float>(c & ((1u << sb) - 1u)) / static_cast<float>(levels);
+  return (c >> sb) ? -f : f;
+}
+
+/// Rule of the QSGD codec (see blockwise.hpp for the rule interface).
+struct qsgd_rule {
+  static constexpr codec_id id = codec_id::qsgd;
+  static constexpr std::string_view name = "qsgd";
+  static constexpr const char* encode_op = "encode.qsgd";
+  static constexpr const char* decode_op = "decode.qsgd";
+  static constexpr bool stochastic = true;
+  static constexpr scale_kind scale = scale_kind::l2;
+  static constexpr std::uint32_t default_block = policy::qsgd_bucket;
+
+  /// Quantisation levels s (1 .. 127).
+  std::uint16_t levels = policy::qsgd_levels;
+
+  unsigned bits() const { return qsgd_bits(levels); }
+  std::uint16_t arg() const { return levels; }
+  void validate(const char* op) const {
+    wire::check(levels >= 1 && levels <= 127, op,
+                "levels " + std::to_string(levels) + " out of range [1, 127]");
+  }
+  static qsgd_rule from_wire(std::uint16_t arg, std::uint8_t bits, const char* op) {
+    const qsgd_rule r{arg};
+    r.validate(op);
+    wire::check(bits == r.bits(), op,
+                "code width " + std::to_string(bits) + " bits, " + std::to_string(arg) +
+                    " levels use " + std::to_string(r.bits()));
+    return r;
+  }
+  GRADSYNC_HD std::uint32_t code(float r, float u) const { return qsgd_code(r, u, levels); }
+  GRADSYNC_HD bool valid(std::uint32_t c) const {
+    const unsigned sb = qsgd_bits(levels) - 1;
+    const std::uint32_t mag = c & ((1u << sb) - 1u);
+    return mag <= levels && !(mag == 0 && c != 0);
+  }
+  GRADSYNC_HD float fraction(std::uint32_t c) const { return qsgd_fraction(c, levels); }
+};
+
+/// QSGD codec: `compress::qsgd<float> c{.block = 512, .rule = {.levels = 4}};`
+/// with state {seed, step, rank}.
+template <float_element T> using qsgd = blockwise<qsgd_rule, T>;
+
+static_assert(codec<qsgd<float>> && codec<qsgd<half>>);
+
+} // namespace gradsync::compress
