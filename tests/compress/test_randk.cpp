@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include <gradsync/compress/error_feedback.hpp>
 #include <gradsync/compress/randk.hpp>
 
 #include "corrupt.hpp"
@@ -153,6 +154,45 @@ TEST_CASE("random-k is unbiased: the mean of many draws converges to x") {
   }
 }
 
+TEST_CASE("random-k without scaling is contractive and stable under error feedback") {
+  std::mt19937_64 rng(12);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  const std::size_t n = 256, k = 16;
+  std::vector<float> x(n);
+  for (auto& v : x) v = g(rng);
+  const cz::randomk<float> c{.k = k, .unbiased = false};
+  cz::stream_state st{.seed = 4};
+  const auto p = enc(c, x, st);
+  const auto d = cz::decode_to_vector(c, p);
+  std::vector<float> expect(n, 0.0f);
+  for (auto i : drawn(4, 0, cz::randomk_shared_key, n, k)) expect[i] = x[i];
+  CHECK(d == expect);
+
+  // Error feedback: the residual stays bounded, so the running sum of decoded
+  // gradients tracks the running sum of true gradients. For a constant
+  // gradient each coordinate accumulates until it is drawn (probability
+  // p = k/n per step), so its residual is A x_i with A geometric on {0, 1, ..}:
+  // E[A^2] = (1 - p)(2 - p) / p^2, i.e. |residual| ~ 21.6 |g| for n/k = 16.
+  // The gap must stay below twice that (the scaled variant diverges).
+  const cz::error_feedback<cz::randomk<float>> ef{.inner = c};
+  cz::error_feedback<cz::randomk<float>>::state es;
+  std::vector<float> sum(n, 0.0f);
+  const int steps = 200;
+  for (int t = 0; t < steps; ++t)
+    ef.decode_accumulate(cz::encode_to_vector(ef, std::span<const float>(x), es), std::span(sum));
+  double gap = 0.0, norm = 0.0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double diff = sum[i] - static_cast<double>(steps) * x[i];
+    gap += diff * diff;
+    norm += static_cast<double>(x[i]) * x[i];
+  }
+  const double ratio = std::sqrt(gap / norm);
+  std::printf("randomk unscaled under error feedback: |sum decoded - sum g| = %.2f |g| after %d "
+              "steps\n", ratio, steps);
+  const double pk = static_cast<double>(k) / static_cast<double>(n);
+  CHECK(ratio < 2.0 * std::sqrt((1.0 - pk) * (2.0 - pk)) / pk);
+}
+
 TEST_CASE("random-k poisons a tensor holding NaN or Inf") {
   for (float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
     std::vector<bfloat16> x(1000, bfloat16(1.0f));
@@ -189,7 +229,7 @@ TEST_CASE("random-k decoders reject truncated, corrupted and inconsistent payloa
   const std::size_t par = cz::wire::header_bytes, body = par + 32;
   corrupt::expect_rejected(c, with(par, std::uint64_t{301}), 300, "entries for");
   corrupt::expect_rejected(c, with(par, std::uint64_t{41}), 300, "body is");
-  corrupt::expect_rejected(c, with(par + 24, std::uint32_t{2}), 300, "flags");
+  corrupt::expect_rejected(c, with(par + 24, std::uint32_t{4}), 300, "flags");
   corrupt::expect_rejected(c, with(par + 28, std::uint32_t{1}), 300, "padding");
   corrupt::expect_rejected(c, with(par + 24, std::uint32_t{1}), 300, "poisoned");
   corrupt::expect_rejected(c, with(body + 8, std::numeric_limits<float>::infinity()), 300,

@@ -1,8 +1,11 @@
 // gradsync: random-k sparsification (Stich et al., NeurIPS'18) whose indices
 // are never sent: both sides derive them from Philox under (seed, step, key),
 // so the payload carries only the k values and the decoder regenerates where
-// they go. The decoder scales by n/k, so the decoded tensor is an unbiased
-// estimate of the input: E[decoded_i] = x_i.
+// they go. By default the decoder scales by n/k, so the decoded tensor is an
+// unbiased estimate of the input: E[decoded_i] = x_i. Under error feedback use
+// unbiased = false (no scaling): the scaled compressor is not contractive
+// (||x - C(x)|| can exceed ||x||), and its residual grows without bound, while
+// the unscaled one satisfies ||x - C(x)||^2 <= ||x||^2 and E = (1 - k/n) ||x||^2.
 //
 // Index set: entry j (j < k) goes to perm(j), where perm is a keyed
 // pseudo-random bijection of [0, n): a 4-round Feistel network on the smallest
@@ -22,7 +25,8 @@
 // poisoned block of the quantisers (docs/compression.md).
 //
 // Parameter block (32 bytes): u64 k, u64 seed, u32 step, u32 rank key
-// (0xffffffff when shared), u32 flags (bit 0: poisoned), u32 zero.
+// (0xffffffff when shared), u32 flags (bit 0: poisoned, bit 1: scaled by n/k),
+// u32 zero.
 // Body: k values of T, unscaled, in entry order; all zero when poisoned.
 #pragma once
 
@@ -103,11 +107,14 @@ template <float_element T> struct randomk {
   static constexpr const char* encode_op = "encode.randomk";
   static constexpr const char* decode_op = "decode.randomk";
   static constexpr std::size_t param_bytes = 32;
+  static constexpr std::uint32_t flag_poisoned = 1u, flag_scaled = 2u;
 
   /// Entries sent per call (a tensor with fewer elements is sent whole).
   std::size_t k = 0;
   /// All ranks draw the same indices (so values can be allreduced directly).
   bool shared_indices = true;
+  /// Scale by n/k on decode (unbiased); false for use under error feedback.
+  bool unbiased = true;
 
   std::size_t entries(std::size_t n) const { return k < n ? k : n; }
   std::size_t max_encoded_bytes(std::size_t n) const {
@@ -134,13 +141,14 @@ template <float_element T> struct randomk {
     ++st.step;
     bool poisoned = false;
     for (std::size_t i = 0; i < n; ++i) poisoned |= !finite(to_float(in[i]));
+    const std::uint32_t flags = (poisoned ? flag_poisoned : 0u) | (unbiased ? flag_scaled : 0u);
     wire::writer w(out, id, dtype_traits<T>::id, n, param_bytes, encode_op);
     wire::param_writer(w.params())
         .put<std::uint64_t>(e)
         .put<std::uint64_t>(st.seed)
         .put<std::uint32_t>(step)
         .put<std::uint32_t>(key)
-        .put<std::uint32_t>(poisoned ? 1u : 0u)
+        .put<std::uint32_t>(flags)
         .put<std::uint32_t>(0);
     std::byte* body = w.body().data();
     const random_permutation perm = permutation(st.seed, step, key, n);
@@ -149,11 +157,13 @@ template <float_element T> struct randomk {
     return w.finish(sizeof(T) * e);
   }
 
-  /// out = n/k * value at every drawn index, zero elsewhere (NaN if poisoned).
+  /// out = value (times n/k when unbiased) at every drawn index, zero
+  /// elsewhere; NaN everywhere if poisoned.
   void decode(std::span<const std::byte> payload, std::span<T> out) const {
     run(payload, out.size(), store_sink<T>{out.data()}, out.data());
   }
-  /// acc[index] += n/k * value (NaN into every element if poisoned).
+  /// acc[index] += value (times n/k when unbiased); NaN into every element
+  /// if poisoned.
   void decode_accumulate(std::span<const std::byte> payload, std::span<accum_t<T>> acc) const {
     run(payload, acc.size(), accumulate_sink<T>{acc.data()}, static_cast<T*>(nullptr));
   }
@@ -174,9 +184,10 @@ private:
     const auto pad = r.get<std::uint32_t>();
     wire::check(e <= v.h.count, decode_op,
                 std::to_string(e) + " entries for " + std::to_string(v.h.count) + " elements");
-    wire::check(flags <= 1u && pad == 0, decode_op, "unknown flags or nonzero padding");
+    wire::check(flags <= (flag_poisoned | flag_scaled) && pad == 0, decode_op,
+                "unknown flags or nonzero padding");
     wire::check_body(v, wire::checked_mad(e, sizeof(T), 0, decode_op), decode_op);
-    const bool poisoned = flags == 1u;
+    const bool poisoned = (flags & flag_poisoned) != 0;
     const std::byte* body = v.body.data();
     for (std::size_t j = 0; j < e; ++j) {
       const T x = wire::load<T>(body + sizeof(T) * j);
@@ -192,7 +203,10 @@ private:
       return;
     }
     if (e == 0) return;
-    const float scale = static_cast<float>(static_cast<double>(v.h.count) / static_cast<double>(e));
+    const float scale = (flags & flag_scaled) == 0
+                            ? 1.0f
+                            : static_cast<float>(static_cast<double>(v.h.count) /
+                                                 static_cast<double>(e));
     const random_permutation perm = permutation(seed, step, key, v.h.count);
     for (std::size_t j = 0; j < e; ++j)
       sink(static_cast<std::size_t>(perm(j)), scale * to_float(wire::load<T>(body + sizeof(T) * j)));
