@@ -25,7 +25,7 @@
 // poisoned block of the quantisers (docs/compression.md).
 //
 // Parameter block (32 bytes): u64 k, u64 seed, u32 step, u32 rank key
-// (0xffffffff when shared), u32 flags (bit 0: poisoned, bit 1: scaled by n/k),
+// (0xffffffff when shared), u32 flags (bit 0: poisoned, bit 1: unscaled),
 // u32 zero.
 // Body: k values of T, unscaled, in entry order; all zero when poisoned.
 #pragma once
@@ -107,7 +107,7 @@ template <float_element T> struct randomk {
   static constexpr const char* encode_op = "encode.randomk";
   static constexpr const char* decode_op = "decode.randomk";
   static constexpr std::size_t param_bytes = 32;
-  static constexpr std::uint32_t flag_poisoned = 1u, flag_scaled = 2u;
+  static constexpr std::uint32_t flag_poisoned = 1u, flag_unscaled = 2u;
 
   /// Entries sent per call (a tensor with fewer elements is sent whole).
   std::size_t k = 0;
@@ -141,7 +141,7 @@ template <float_element T> struct randomk {
     ++st.step;
     bool poisoned = false;
     for (std::size_t i = 0; i < n; ++i) poisoned |= !finite(to_float(in[i]));
-    const std::uint32_t flags = (poisoned ? flag_poisoned : 0u) | (unbiased ? flag_scaled : 0u);
+    const std::uint32_t flags = (poisoned ? flag_poisoned : 0u) | (unbiased ? 0u : flag_unscaled);
     wire::writer w(out, id, dtype_traits<T>::id, n, param_bytes, encode_op);
     wire::param_writer(w.params())
         .put<std::uint64_t>(e)
@@ -184,7 +184,7 @@ private:
     const auto pad = r.get<std::uint32_t>();
     wire::check(e <= v.h.count, decode_op,
                 std::to_string(e) + " entries for " + std::to_string(v.h.count) + " elements");
-    wire::check(flags <= (flag_poisoned | flag_scaled) && pad == 0, decode_op,
+    wire::check(flags <= (flag_poisoned | flag_unscaled) && pad == 0, decode_op,
                 "unknown flags or nonzero padding");
     wire::check_body(v, wire::checked_mad(e, sizeof(T), 0, decode_op), decode_op);
     const bool poisoned = (flags & flag_poisoned) != 0;
@@ -203,7 +203,7 @@ private:
       return;
     }
     if (e == 0) return;
-    const float scale = (flags & flag_scaled) == 0
+    const float scale = (flags & flag_unscaled) != 0
                             ? 1.0f
                             : static_cast<float>(static_cast<double>(v.h.count) /
                                                  static_cast<double>(e));
