@@ -18,6 +18,7 @@ enum class algorithm {
   rd,        ///< recursive doubling
   rabenseifner, ///< recursive halving reduce-scatter + recursive doubling allgather
   hier,      ///< hierarchical: intra-group, inter-group, intra-group
+  direct,    ///< shared memory only: reduce in place from every rank's staged copy (algo/shm_direct.hpp)
 };
 
 /// Name used by options, the bench's `-a` and GRADSYNC_ALGO.
@@ -30,6 +31,7 @@ constexpr std::string_view algorithm_name(algorithm a) {
   case algorithm::rd: return "rd";
   case algorithm::rabenseifner: return "rabenseifner";
   case algorithm::hier: return "hier";
+  case algorithm::direct: return "direct";
   }
   return "?";
 }
@@ -37,7 +39,7 @@ constexpr std::string_view algorithm_name(algorithm a) {
 /// Parses an algorithm name; returns false if unknown.
 constexpr bool parse_algorithm(std::string_view s, algorithm& out) {
   for (auto a : {algorithm::automatic, algorithm::ring, algorithm::tree, algorithm::dbtree,
-                 algorithm::rd, algorithm::rabenseifner, algorithm::hier})
+                 algorithm::rd, algorithm::rabenseifner, algorithm::hier, algorithm::direct})
     if (algorithm_name(a) == s) {
       out = a;
       return true;

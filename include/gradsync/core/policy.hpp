@@ -30,6 +30,47 @@ inline constexpr int default_tag = 0x6753; // "gS"
 /// Each communicator can set its own (set_timeout).
 inline constexpr std::chrono::milliseconds default_timeout{300'000};
 
+// ---- shared-memory transport (transport/shm.hpp, algo/shm_direct.hpp) -------
+// Measured on the 2-core AMD EPYC CI VM (2 MiB L2 per core, one 32 MiB L3),
+// two processes under `chrt -f 10` (the VM was shared with busy builds), best
+// of 7 runs; numbers vary about +-10 % between runs.
+
+/// Bytes of each ordered pair's ring (a power of two), and the largest frame
+/// a big message is cut into (the receiver copies frame k out while the sender
+/// streams frame k+1 in). One-way streaming, 1 MiB / 64 MiB messages:
+/// ring 256 KiB: 15-17 / 3-7 GB/s; 1 MiB with 16/64/128 KiB frames:
+/// 14.1/19.8/19.2 and 7.1/8.1/9.1 GB/s; 2 MiB: no better. (single-thread
+/// memcpy: 41 GB/s at 1 MiB in cache, 9.5-11 GB/s at 64 MiB.)
+inline constexpr std::size_t shm_ring_bytes = std::size_t{1} << 20;
+inline constexpr std::size_t shm_frame_bytes = std::size_t{64} << 10;
+/// Smallest frame worth writing when the ring is nearly full (no slivers).
+inline constexpr std::size_t shm_min_frame_bytes = std::size_t{4} << 10;
+static_assert((shm_ring_bytes & (shm_ring_bytes - 1)) == 0 && shm_ring_bytes >= 2 * shm_frame_bytes);
+/// Idle polls (each one sweep over all rings, tens of ns) spent spinning,
+/// then yielding, before a waiting rank sleeps on its futex. About 100 us of
+/// spinning covers a peer's copy of a whole frame; yielding keeps 4 ranks on
+/// 2 cores progressing (the shm suite runs 4-rank collectives that way).
+inline constexpr unsigned shm_spin_polls = 2000;
+inline constexpr unsigned shm_yield_polls = 200;
+/// How often a sleeping rank wakes to check that its peers are alive.
+inline constexpr std::chrono::milliseconds shm_liveness_interval{10};
+/// How long ranks wait for each other while setting up a shm communicator.
+inline constexpr std::chrono::milliseconds shm_attach_timeout{60'000};
+/// Per-rank collective arena (two alternating halves) of algo/shm_direct.hpp.
+/// allreduce busbw, 2 ranks, 1/4/16/64 MiB: 256 KiB arena 5.6/5.6/5.5/5.0,
+/// 1 MiB 5.4/5.2/4.6/4.6, 4 MiB 6.0/6.8/5.8/5.1, 8 MiB 6.0/6.6/5.8/5.4 GB/s.
+inline constexpr std::size_t shm_arena_bytes = std::size_t{4} << 20;
+/// Shares in the arena start on cache-line multiples.
+inline constexpr std::size_t shm_arena_align = 64;
+/// Up to this many bytes, shm_direct reduces the whole buffer on every rank
+/// in one round (one synchronisation) instead of reduce-scatter + gather
+/// (8 B: 0.2-0.6 us; MPICH's MPI_Allreduce: 0.86-0.93 us).
+inline constexpr std::size_t shm_direct_small_bytes = std::size_t{16} << 10;
+/// From this many bytes on, shm_direct writes results with streaming stores
+/// (they would not stay in cache anyway). busbw at 4/16/64 MiB: streaming
+/// from 4 MiB 6.7/5.9/5.8, from 16 MiB 6.7/5.4/5.5, never 7.0/5.0/4.7 GB/s.
+inline constexpr std::size_t shm_stream_out_bytes = std::size_t{8} << 20;
+
 // ---- sparsifiers and PowerSGD (compress/approx_topk.hpp, compress/powersgd.hpp) ----
 
 /// approx_topk draws enough samples that about this many land above the target

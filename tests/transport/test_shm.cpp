@@ -1,0 +1,628 @@
+// The shared-memory transport: every rank is a forked process meeting the
+// others through a fresh rendezvous directory (no MPI needed). Covers matching
+// rules, sizes around the inline/frame/ring boundaries, errors on both sides,
+// crashed peers, cleanup of /dev/shm, and every public collective over shm.
+#include <doctest/doctest.h>
+
+#include <gradsync/collectives.hpp>
+#include <gradsync/transport/shm.hpp>
+
+#include <poll.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <numeric>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+using gradsync::error;
+using gradsync::shm::communicator;
+using namespace std::chrono_literals;
+
+static_assert(gradsync::transport<communicator>);
+
+// What one forked rank did.
+struct outcome {
+  bool exited = false; // exited normally (else killed, or hung and killed)
+  int code = -1;       // exit code: 0 ok, 1 exception
+  int signal = 0;
+  bool hung = false;
+  std::string segment; // its segment's /dev/shm name
+  std::string message; // the exception text, if any
+};
+
+// A failed expectation inside a rank (doctest's macros only work in the parent).
+void expect(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error("expectation failed: " + what);
+}
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// Runs fn(comm) on `p` forked ranks that rendezvous in a fresh directory; kills
+// them all if they have not finished within `limit`. The directory must be
+// empty afterwards (the rendezvous file is removed once all ranks attached).
+std::vector<outcome> spawn(int p, const std::function<void(communicator&)>& fn,
+                           std::chrono::milliseconds limit = 40s) {
+  char tmpl[] = "/tmp/gradsync-shm-test-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const fs::path dir = tmpl;
+  std::fflush(nullptr);
+  std::vector<pid_t> pids;
+  std::vector<int> fds;
+  for (int r = 0; r < p; ++r) {
+    int fd[2];
+    REQUIRE(::pipe(fd) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      for (int sig : {SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL}) std::signal(sig, SIG_DFL); // not doctest's
+      ::close(fd[0]);
+      std::string out;
+      int code = 0;
+      auto say = [&](const std::string& s) {
+        for (std::size_t off = 0; off < s.size();) {
+          const ssize_t n = ::write(fd[1], s.data() + off, s.size() - off);
+          if (n <= 0) break;
+          off += static_cast<std::size_t>(n);
+        }
+      };
+      try {
+        communicator c(dir, r, p);
+        say(c.segment_name() + "\n");
+        fn(c);
+      } catch (const std::exception& e) {
+        out = e.what();
+        code = 1;
+      }
+      say(out);
+      ::_exit(code);
+    }
+    ::close(fd[1]);
+    pids.push_back(pid);
+    fds.push_back(fd[0]);
+  }
+  std::vector<outcome> res(static_cast<std::size_t>(p));
+  std::vector<bool> done(static_cast<std::size_t>(p), false);
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (int left = p; left > 0;) {
+    for (std::size_t r = 0; r < pids.size(); ++r) {
+      if (done[r]) continue;
+      int st = 0;
+      if (::waitpid(pids[r], &st, WNOHANG) == pids[r]) {
+        done[r] = true;
+        --left;
+        res[r].exited = WIFEXITED(st);
+        res[r].code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        res[r].signal = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
+      }
+    }
+    if (left == 0) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      for (std::size_t r = 0; r < pids.size(); ++r)
+        if (!done[r]) {
+          ::kill(pids[r], SIGKILL);
+          ::waitpid(pids[r], nullptr, 0);
+          res[r].hung = true;
+          done[r] = true;
+        }
+      break;
+    }
+    std::this_thread::sleep_for(1ms);
+  }
+  for (std::size_t r = 0; r < fds.size(); ++r) {
+    std::string all;
+    char buf[4096];
+    for (ssize_t n; (n = ::read(fds[r], buf, sizeof buf)) > 0;) all.append(buf, static_cast<std::size_t>(n));
+    ::close(fds[r]);
+    const auto nl = all.find('\n');
+    if (nl != std::string::npos && all.rfind("/gradsync-", 0) == 0) {
+      res[r].segment = all.substr(0, nl);
+      res[r].message = all.substr(nl + 1);
+    } else {
+      res[r].message = all;
+    }
+  }
+  CHECK_MESSAGE(fs::is_empty(dir), "rendezvous directory not cleaned up");
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  return res;
+}
+
+bool segment_gone(const std::string& name) { return !name.empty() && !fs::exists("/dev/shm" + name); }
+
+// Every rank finished cleanly and its segment left no trace.
+void check_all_ok(const std::vector<outcome>& res) {
+  for (std::size_t r = 0; r < res.size(); ++r) {
+    INFO("rank " << r << ": " << res[r].message);
+    CHECK(!res[r].hung);
+    CHECK(res[r].exited);
+    CHECK(res[r].code == 0);
+    CHECK(segment_gone(res[r].segment));
+  }
+}
+
+std::span<const std::byte> cbytes(const std::vector<std::uint8_t>& v) { return std::as_bytes(std::span(v)); }
+std::span<std::byte> wbytes(std::vector<std::uint8_t>& v) { return std::as_writable_bytes(std::span(v)); }
+
+// Deterministic content of message `k` of `n` bytes from rank `src`.
+std::vector<std::uint8_t> pattern(std::size_t n, int src, int k) {
+  std::vector<std::uint8_t> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::uint8_t>((i * 31 + static_cast<std::size_t>(src) * 7 + static_cast<std::size_t>(k) * 13) & 0xff);
+  return v;
+}
+
+} // namespace
+
+TEST_CASE("shm: messages of every size class arrive intact, both directions and to self") {
+  // 0, inline (<= 32), one cell over, frame-sized, larger than the ring
+  // (several wrap-arounds) and odd.
+  const std::size_t ring = gradsync::policy::shm_ring_bytes;
+  const std::vector<std::size_t> sizes{0, 1, 31, 32, 33, 64, 4095, 65536 + 3, ring - 1, 3 * ring + 7};
+  auto res = spawn(2, [&](communicator& c) {
+    const int me = c.rank(), other = 1 - me;
+    expect(c.size() == 2, "size");
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      const auto out = pattern(sizes[k], me, static_cast<int>(k));
+      std::vector<std::uint8_t> in(sizes[k]), self(sizes[k]);
+      auto r = c.irecv(wbytes(in), other, 3);
+      auto s = c.isend(cbytes(out), other, 3);
+      auto rs = c.irecv(wbytes(self), me, 4);
+      auto ss = c.isend(cbytes(out), me, 4);
+      r.wait();
+      s.wait();
+      ss.wait();
+      rs.wait();
+      expect(in == pattern(sizes[k], other, static_cast<int>(k)), "payload of " + std::to_string(sizes[k]) + " bytes");
+      expect(self == out, "self payload of " + std::to_string(sizes[k]) + " bytes");
+    }
+  });
+  check_all_ok(res);
+}
+
+TEST_CASE("shm: per-(peer, tag) FIFO matching, with messages arriving before their receives") {
+  // Rank 0 sends tag 1, 2, 1, 2, ... (small and large interleaved); rank 1
+  // receives all of tag 2 first, so every tag-1 message (including ones larger
+  // than the ring, redirected mid-stream) arrives unexpected.
+  const std::size_t big = 2 * gradsync::policy::shm_ring_bytes + 13;
+  const std::vector<std::size_t> sizes{5, big, 40, 1000, big, 0, 77};
+  auto res = spawn(2, [&](communicator& c) {
+    if (c.rank() == 0) {
+      std::vector<std::vector<std::uint8_t>> msgs;
+      std::vector<gradsync::shm::request> reqs;
+      for (std::size_t k = 0; k < sizes.size(); ++k) msgs.push_back(pattern(sizes[k], 0, static_cast<int>(k)));
+      for (std::size_t k = 0; k < sizes.size(); ++k)
+        for (int tag : {1, 2}) reqs.push_back(c.isend(cbytes(msgs[k]), 1, tag));
+      for (auto& r : reqs) r.wait();
+    } else {
+      for (int tag : {2, 1})
+        for (std::size_t k = 0; k < sizes.size(); ++k) {
+          std::vector<std::uint8_t> in(sizes[k]);
+          c.irecv(wbytes(in), 0, tag).wait();
+          expect(in == pattern(sizes[k], 0, static_cast<int>(k)),
+                 "tag " + std::to_string(tag) + " message " + std::to_string(k) + " out of order or corrupt");
+        }
+    }
+  });
+  check_all_ok(res);
+}
+
+TEST_CASE("shm: a partly arrived unexpected message is handed over mid-stream") {
+  const std::size_t n = 4 * gradsync::policy::shm_ring_bytes + 1;
+  auto res = spawn(2, [&](communicator& c) {
+    if (c.rank() == 0) {
+      const auto big = pattern(n, 0, 9);
+      auto s = c.isend(cbytes(big), 1, 7);
+      c.isend({}, 1, 8).wait(); // posted behind the big one: forces it to be drained
+      s.wait();
+    } else {
+      c.irecv({}, 0, 8).wait(); // receives tag 8 while tag 7 streams in unexpected
+      std::vector<std::uint8_t> in(n);
+      c.irecv(wbytes(in), 0, 7).wait();
+      expect(in == pattern(n, 0, 9), "redirected payload");
+    }
+  });
+  check_all_ok(res);
+}
+
+TEST_CASE("shm: size mismatch fails both sides naming both sizes, and the pair stays usable") {
+  for (std::size_t sent : {std::size_t{100}, 3 * gradsync::policy::shm_ring_bytes}) {
+    const std::size_t posted = sent / 2 + 1;
+    for (bool recv_first : {true, false}) {
+      CAPTURE(sent);
+      CAPTURE(recv_first);
+      auto res = spawn(2, [&](communicator& c) {
+        const std::string s1 = std::to_string(sent), s2 = std::to_string(posted);
+        std::string got;
+        if (c.rank() == 0) {
+          if (recv_first) c.irecv({}, 1, 9).wait(); // the receive is posted by now
+          const auto v = pattern(sent, 0, 0);
+          try {
+            c.isend(cbytes(v), 1, 1).wait();
+          } catch (const error& e) {
+            got = e.what();
+          }
+        } else {
+          if (!recv_first) std::this_thread::sleep_for(20ms); // it arrives unexpected
+          std::vector<std::uint8_t> in(posted);
+          try {
+            auto r = c.irecv(wbytes(in), 0, 1);
+            if (recv_first) c.isend({}, 0, 9).wait();
+            r.wait();
+          } catch (const error& e) {
+            got = e.what();
+          }
+        }
+        expect(contains(got, "size mismatch") && contains(got, s1) && contains(got, s2),
+               "rank " + std::to_string(c.rank()) + " error names both sizes: '" + got + "'");
+        // The rings are still consistent: a following exchange works.
+        const auto v = pattern(1000, c.rank(), 3);
+        std::vector<std::uint8_t> in(1000);
+        auto r = c.irecv(wbytes(in), 1 - c.rank(), 2);
+        c.isend(cbytes(v), 1 - c.rank(), 2).wait();
+        r.wait();
+        expect(in == pattern(1000, 1 - c.rank(), 3), "exchange after mismatch");
+      });
+      check_all_ok(res);
+    }
+  }
+}
+
+TEST_CASE("shm: invalid peers, ranks and buffers are errors") {
+  auto res = spawn(2, [](communicator& c) {
+    std::vector<std::uint8_t> v(8);
+    for (int peer : {-1, 2, 100}) {
+      bool threw = false;
+      try {
+        c.isend(cbytes(v), peer, 0).wait();
+      } catch (const error& e) {
+        threw = contains(e.what(), "out of range") && e.peer() == -1 && e.rank() == c.rank();
+      }
+      expect(threw, "send to peer " + std::to_string(peer));
+      threw = false;
+      try {
+        c.irecv(wbytes(v), peer, 0).wait();
+      } catch (const error& e) {
+        threw = contains(e.what(), "out of range");
+      }
+      expect(threw, "recv from peer " + std::to_string(peer));
+    }
+    bool threw = false;
+    try {
+      c.isend(std::span<const std::byte>(static_cast<const std::byte*>(nullptr), 4), 0, 0);
+    } catch (const error& e) {
+      threw = contains(e.what(), "null buffer");
+    }
+    expect(threw, "null buffer");
+  });
+  check_all_ok(res);
+  const fs::path dir = fs::temp_directory_path();
+  CHECK_THROWS_AS(communicator(dir, 2, 2), error);
+  CHECK_THROWS_AS(communicator(dir, -1, 2), error);
+  CHECK_THROWS_AS(communicator(dir, 0, 0), error);
+}
+
+TEST_CASE("shm: a single rank works alone") {
+  auto res = spawn(1, [](communicator& c) {
+    std::vector<float> v{1, 2, 3};
+    gradsync::allreduce(c, std::span<float>(v));
+    expect(v == std::vector<float>{1, 2, 3}, "allreduce on one rank");
+  });
+  check_all_ok(res);
+}
+
+TEST_CASE("shm: a receive nobody matches times out with an error") {
+  auto res = spawn(2, [](communicator& c) {
+    if (c.rank() == 0) {
+      c.set_timeout(300ms);
+      std::vector<std::uint8_t> v(4);
+      std::string got;
+      try {
+        c.irecv(wbytes(v), 1, 42).wait();
+      } catch (const error& e) {
+        got = e.what();
+      }
+      expect(contains(got, "timed out") && contains(got, "peer 1"), "timeout error: '" + got + "'");
+      c.isend({}, 1, 1).wait();
+    } else {
+      c.irecv({}, 0, 1).wait(); // stays alive until rank 0 timed out
+    }
+  });
+  check_all_ok(res);
+}
+
+TEST_CASE("shm: a rank killed mid-transfer fails the others with an error naming it") {
+  // Rank 2 starts a transfer larger than the ring to rank 0 and is SIGKILLed
+  // half way; rank 0 waits on that receive, rank 1 on rank 0.
+  const std::size_t n = 8 * gradsync::policy::shm_ring_bytes;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto res = spawn(3, [&](communicator& c) {
+    std::vector<std::uint8_t> v(n, 1);
+    if (c.rank() == 2) {
+      auto s = c.isend(cbytes(v), 0, 5);
+      std::this_thread::sleep_for(50ms);
+      s.test();
+      ::raise(SIGKILL);
+    } else if (c.rank() == 0) {
+      c.irecv(wbytes(v), 2, 5).wait();
+    } else {
+      c.irecv(wbytes(v), 0, 6).wait();
+    }
+  });
+  CHECK(std::chrono::steady_clock::now() - t0 < 20s);
+  CHECK(res[2].signal == SIGKILL);
+  for (int r : {0, 1}) {
+    INFO("rank " << r << ": " << res[r].message);
+    CHECK(!res[r].hung);
+    CHECK(res[r].code == 1);
+    CHECK(contains(res[r].message, "rank 2"));
+    CHECK(contains(res[r].message, "died"));
+  }
+  for (auto& o : res) CHECK(segment_gone(o.segment));
+}
+
+TEST_CASE("shm: a rank killed inside a collective does not hang the others") {
+  for (int p : {2, 4}) {
+    CAPTURE(p);
+    auto res = spawn(p, [&](communicator& c) {
+      std::vector<float> v(1 << 18, 1.0f);
+      if (c.rank() == p - 1)
+        std::thread([] {
+          std::this_thread::sleep_for(30ms);
+          ::raise(SIGKILL);
+        }).detach();
+      for (;;) gradsync::allreduce(c, std::span<float>(v));
+    });
+    CHECK(res[static_cast<std::size_t>(p - 1)].signal == SIGKILL);
+    for (int r = 0; r + 1 < p; ++r) {
+      INFO("rank " << r << ": " << res[static_cast<std::size_t>(r)].message);
+      CHECK(!res[static_cast<std::size_t>(r)].hung);
+      CHECK(res[static_cast<std::size_t>(r)].code == 1);
+      CHECK(contains(res[static_cast<std::size_t>(r)].message, "rank " + std::to_string(p - 1)));
+    }
+    for (auto& o : res) CHECK(segment_gone(o.segment));
+  }
+}
+
+TEST_CASE("shm: a rank that leaves early fails a peer waiting for it") {
+  auto res = spawn(2, [](communicator& c) {
+    if (c.rank() == 1) return; // leaves without sending
+    std::vector<std::uint8_t> v(16);
+    c.irecv(wbytes(v), 1, 1).wait();
+  });
+  CHECK(res[1].code == 0);
+  CHECK(res[0].code == 1);
+  CHECK(contains(res[0].message, "rank 1 left"));
+}
+
+TEST_CASE("shm: messages sent just before a peer leaves are still delivered") {
+  auto res = spawn(2, [](communicator& c) {
+    const auto v = pattern(3 * gradsync::policy::shm_ring_bytes, 1, 1);
+    if (c.rank() == 1) {
+      c.isend(cbytes(v), 0, 1).wait();
+      return;
+    }
+    std::this_thread::sleep_for(50ms);
+    std::vector<std::uint8_t> in(v.size());
+    c.irecv(wbytes(in), 1, 1).wait();
+    expect(in == v, "payload");
+  });
+  check_all_ok(res);
+}
+
+TEST_CASE("shm: abandoned requests never touch their buffers afterwards") {
+  auto res = spawn(2, [](communicator& c) {
+    const std::size_t n = 3 * gradsync::policy::shm_ring_bytes;
+    if (c.rank() == 0) {
+      {
+        std::vector<std::uint8_t> gone(n);
+        auto r = c.irecv(wbytes(gone), 1, 1); // withdrawn unmatched
+      }
+      {
+        std::vector<std::uint8_t> gone(n);
+        auto r = c.irecv(wbytes(gone), 1, 2);
+        c.isend({}, 1, 9).wait();
+        std::this_thread::sleep_for(5ms);
+        r.test(); // partly received, then abandoned: the rest is discarded
+      }
+      std::vector<std::uint8_t> in(100);
+      c.irecv(wbytes(in), 1, 1).wait(); // tag 1 now matches the next send
+      expect(in == pattern(100, 1, 1), "message after withdrawn receive");
+    } else {
+      const auto big = pattern(n, 1, 2);
+      c.irecv({}, 0, 9).wait();
+      auto s = c.isend(cbytes(big), 0, 2);
+      const auto small = pattern(100, 1, 1);
+      c.isend(cbytes(small), 0, 1).wait();
+      s.wait();
+    }
+  });
+  check_all_ok(res);
+}
+
+// ---- collectives over shm, closed-form results --------------------------------
+
+namespace {
+
+template <class T> T val(int r, std::size_t i) { return static_cast<T>((r + 1) * static_cast<int>(i % 7 + 1)); }
+
+void run_collectives(communicator& c, std::size_t count, const gradsync::options& o) {
+  using namespace gradsync;
+  const int p = c.size(), r = c.rank();
+  const auto P = static_cast<std::size_t>(p);
+  const int tri = p * (p + 1) / 2;
+  { // allreduce sum, out of place and in place, float and int32
+    std::vector<float> in(count), out(count + 3, -1.0f);
+    for (std::size_t i = 0; i < count; ++i) in[i] = val<float>(r, i);
+    allreduce(c, std::span<const float>(in), std::span<float>(out), op::sum{}, o);
+    for (std::size_t i = 0; i < count; ++i)
+      expect(out[i] == static_cast<float>(tri * static_cast<int>(i % 7 + 1)), "allreduce sum at " + std::to_string(i));
+    for (std::size_t i = count; i < count + 3; ++i) expect(out[i] == -1.0f, "allreduce wrote past the end");
+    std::vector<std::int32_t> d(count);
+    for (std::size_t i = 0; i < count; ++i) d[i] = val<std::int32_t>(r, i);
+    allreduce(c, std::span<std::int32_t>(d), op::sum{}, o);
+    for (std::size_t i = 0; i < count; ++i) expect(d[i] == tri * static_cast<int>(i % 7 + 1), "in-place int sum");
+  }
+  { // max and avg (double)
+    std::vector<double> m(count), a(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      m[i] = static_cast<double>(r) * static_cast<double>(i % 5) - static_cast<double>(i % 3);
+      a[i] = static_cast<double>(r + 1) + static_cast<double>(i % 4);
+    }
+    allreduce(c, std::span<double>(m), op::max{}, o);
+    allreduce(c, std::span<double>(a), op::avg{}, o);
+    for (std::size_t i = 0; i < count; ++i) {
+      expect(m[i] == static_cast<double>(p - 1) * static_cast<double>(i % 5) - static_cast<double>(i % 3), "max");
+      expect(a[i] == static_cast<double>(p + 1) / 2 + static_cast<double>(i % 4), "avg");
+    }
+  }
+  { // reduce_scatter: block b of the sum
+    const std::size_t n = count / P + 1;
+    std::vector<float> in(n * P), out(n);
+    for (std::size_t i = 0; i < in.size(); ++i) in[i] = val<float>(r, i);
+    reduce_scatter(c, std::span<const float>(in), std::span<float>(out), op::sum{}, o);
+    for (std::size_t i = 0; i < n; ++i)
+      expect(out[i] == static_cast<float>(tri * static_cast<int>((static_cast<std::size_t>(r) * n + i) % 7 + 1)),
+             "reduce_scatter at " + std::to_string(i));
+  }
+  { // allgather
+    const std::size_t n = count / P + 2;
+    std::vector<std::int32_t> in(n), out(n * P);
+    for (std::size_t i = 0; i < n; ++i) in[i] = r * 100000 + static_cast<int>(i);
+    allgather(c, std::span<const std::int32_t>(in), std::span<std::int32_t>(out), o);
+    for (std::size_t b = 0; b < P; ++b)
+      for (std::size_t i = 0; i < n; ++i)
+        expect(out[b * n + i] == static_cast<int>(b) * 100000 + static_cast<int>(i), "allgather");
+  }
+  for (int root = 0; root < p; ++root) { // broadcast and reduce from every root
+    std::vector<std::int32_t> b(count);
+    for (std::size_t i = 0; i < count; ++i) b[i] = r == root ? root * 1000 + static_cast<int>(i % 1000) : -7;
+    broadcast(c, std::span<std::int32_t>(b), root, o);
+    for (std::size_t i = 0; i < count; ++i) expect(b[i] == root * 1000 + static_cast<int>(i % 1000), "broadcast");
+    std::vector<float> in(count), out(r == root ? count : 0);
+    for (std::size_t i = 0; i < count; ++i) in[i] = val<float>(r, i);
+    reduce(c, std::span<const float>(in), std::span<float>(out), root, op::sum{}, o);
+    if (r == root)
+      for (std::size_t i = 0; i < count; ++i)
+        expect(out[i] == static_cast<float>(tri * static_cast<int>(i % 7 + 1)), "reduce");
+  }
+  barrier(c, o);
+}
+
+} // namespace
+
+TEST_CASE("shm: every public collective on 1..4 ranks matches its closed form") {
+  for (int p = 1; p <= 4; ++p) {
+    CAPTURE(p);
+    auto res = spawn(p, [](communicator& c) {
+      gradsync::options small_segments;
+      small_segments.segment_bytes = 4096; // many pipeline segments
+      for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000}}) {
+        run_collectives(c, count, {});
+        run_collectives(c, count, small_segments);
+      }
+      gradsync::options ring; // the message schedules over shm, not the arena
+      ring.algo = gradsync::algorithm::ring;
+      ring.segment_bytes = 8192;
+      run_collectives(c, 1000, ring);
+      run_collectives(c, 100'003, ring);
+      run_collectives(c, 300'007, {}); // one large, odd count
+    }, 90s);
+    check_all_ok(res);
+  }
+}
+
+// ---- algo/shm_direct.hpp: allreduce through the shared arena ------------------
+
+#include <gradsync/algo/shm_direct.hpp>
+
+TEST_CASE("shm_direct: allreduce on 1..4 ranks, every path, in and out of place") {
+  using gradsync::algo::shm_direct::allreduce;
+  namespace op = gradsync::op;
+  const std::size_t half = gradsync::policy::shm_arena_bytes / 2;
+  const std::size_t small = gradsync::policy::shm_direct_small_bytes / sizeof(float);
+  // empty, one element, the small path and its edge, one round, many rounds, odd
+  const std::vector<std::size_t> counts{0, 1, 5, small, small + 1, 3 * half / sizeof(float) + 17};
+  for (int p = 1; p <= 4; ++p) {
+    CAPTURE(p);
+    auto res = spawn(p, [&](communicator& c) {
+      const int r = c.rank();
+      const int tri = p * (p + 1) / 2;
+      for (std::size_t n : counts) {
+        const std::string at = " (count " + std::to_string(n) + ")";
+        std::vector<float> in(n), out(n + 1, -3.0f);
+        for (std::size_t i = 0; i < n; ++i) in[i] = static_cast<float>((r + 1) * static_cast<int>(i % 11 + 1));
+        allreduce(c, in.data(), out.data(), n, op::sum{});
+        for (std::size_t i = 0; i < n; ++i)
+          expect(out[i] == static_cast<float>(tri * static_cast<int>(i % 11 + 1)), "sum" + at);
+        expect(out[n] == -3.0f, "wrote past the end" + at);
+        // in place, integer max and avg
+        std::vector<std::int64_t> m(n);
+        for (std::size_t i = 0; i < n; ++i) m[i] = (static_cast<std::int64_t>(r) - 1) * static_cast<std::int64_t>(i % 13) + (std::int64_t{1} << 40);
+        allreduce(c, m.data(), m.data(), n, op::max{});
+        for (std::size_t i = 0; i < n; ++i)
+          expect(m[i] == static_cast<std::int64_t>(p - 2) * static_cast<std::int64_t>(i % 13) + (std::int64_t{1} << 40), "max" + at);
+        std::vector<double> a(n);
+        for (std::size_t i = 0; i < n; ++i) a[i] = static_cast<double>(r + 1) + static_cast<double>(i % 3);
+        allreduce(c, a.data(), a.data(), n, op::avg{});
+        for (std::size_t i = 0; i < n; ++i)
+          expect(a[i] == static_cast<double>(p + 1) / 2 + static_cast<double>(i % 3), "avg" + at);
+        // half precision: every rank holds the bitwise same rounding
+        std::vector<gradsync::half> hv(n);
+        for (std::size_t i = 0; i < n; ++i) hv[i] = gradsync::half(0.1f * static_cast<float>(r + 1) + 0.01f * static_cast<float>(i % 5));
+        allreduce(c, hv.data(), hv.data(), n, op::sum{});
+        float want = 0; // the sum in rank order, rounded after each step
+        for (std::size_t i = 0; i < std::min<std::size_t>(n, 5); ++i) {
+          gradsync::half acc(0.1f + 0.01f * static_cast<float>(i % 5));
+          for (int q = 1; q < p; ++q)
+            acc = gradsync::half(static_cast<float>(acc) + static_cast<float>(gradsync::half(0.1f * static_cast<float>(q + 1) + 0.01f * static_cast<float>(i % 5))));
+          want = static_cast<float>(acc);
+          expect(static_cast<float>(hv[i]) == want, "half sum in rank order" + at);
+        }
+      }
+    }, 90s);
+    check_all_ok(res);
+  }
+}
+
+TEST_CASE("shm_direct: ranks that disagree on the call all fail with an error naming both") {
+  auto res = spawn(3, [](communicator& c) {
+    const std::size_t n = c.rank() == 1 ? 1000 : 999;
+    std::vector<float> v(n, 1.0f);
+    gradsync::algo::shm_direct::allreduce(c, v.data(), v.data(), n, gradsync::op::sum{});
+  });
+  for (std::size_t r = 0; r < res.size(); ++r) {
+    INFO("rank " << r << ": " << res[r].message);
+    CHECK(!res[r].hung);
+    CHECK(res[r].code == 1);
+    CHECK((contains(res[r].message, "count 1000") || contains(res[r].message, "aborted")));
+  }
+}
+
+TEST_CASE("shm_direct: a rank killed mid-allreduce fails the others") {
+  auto res = spawn(3, [](communicator& c) {
+    std::vector<float> v(1 << 20, 1.0f);
+    if (c.rank() == 1)
+      std::thread([] {
+        std::this_thread::sleep_for(30ms);
+        ::raise(SIGKILL);
+      }).detach();
+    for (;;) gradsync::algo::shm_direct::allreduce(c, v.data(), v.data(), v.size(), gradsync::op::max{});
+  });
+  CHECK(res[1].signal == SIGKILL);
+  for (std::size_t r : {std::size_t{0}, std::size_t{2}}) {
+    INFO("rank " << r << ": " << res[r].message);
+    CHECK(!res[r].hung);
+    CHECK(contains(res[r].message, "rank 1"));
+  }
+  for (auto& o : res) CHECK(segment_gone(o.segment));
+}
