@@ -94,6 +94,7 @@ template <float_element T> struct approx_topk {
         std::ceil(policy::approx_topk_candidate_factor * static_cast<double>(k)));
   }
 
+  /// Payload bytes for n elements: target(density, n) entries at most.
   std::size_t max_encoded_bytes(std::size_t n) const {
     return wire::header_bytes + param_bytes + sparse::body_bytes<T>(target(density, n));
   }

@@ -198,12 +198,15 @@ template <float_element T> struct powersgd {
   static constexpr const char* decode_op = "decode.powersgd";
   static constexpr std::size_t param_bytes = 24;
 
+  /// Matrix shape of the gradient (row-major); the input holds rows * cols elements.
   std::size_t rows = 0;
   std::size_t cols = 0;
   /// Requested rank (>= 1); min(rank, rows, cols) is used.
   std::size_t rank = 1;
 
+  /// The rank actually used: min(rank, rows, cols).
   std::size_t used_rank() const { return std::min({rank, rows, cols}); }
+  /// Payload bytes (exact): the two float factors.
   std::size_t max_encoded_bytes(std::size_t) const {
     return wire::header_bytes + param_bytes + sizeof(float) * (rows + cols) * used_rank();
   }

@@ -116,10 +116,13 @@ template <float_element T> struct randomk {
   /// Scale by n/k on decode (unbiased); false for use under error feedback.
   bool unbiased = true;
 
+  /// Entries a tensor of n elements is encoded with.
   std::size_t entries(std::size_t n) const { return k < n ? k : n; }
+  /// Payload bytes for n elements (exact).
   std::size_t max_encoded_bytes(std::size_t n) const {
     return wire::header_bytes + param_bytes + sizeof(T) * entries(n);
   }
+  /// No workspace: indices are computed, not stored.
   std::size_t workspace_bytes(std::size_t) const { return 0; }
 
   /// The index permutation a payload of (seed, step, key) uses for n elements.

@@ -44,9 +44,11 @@ template <float_element T> struct threshold {
   /// Magnitudes at or above tau are sent; finite and >= 0.
   float tau = 0.0f;
 
+  /// Payload bytes for n elements: all n may pass (more than the dense tensor).
   std::size_t max_encoded_bytes(std::size_t n) const {
     return wire::header_bytes + param_bytes + sparse::body_bytes<T>(n);
   }
+  /// No workspace: one pass writes the payload directly.
   std::size_t workspace_bytes(std::size_t) const { return 0; }
 
   /// Encodes the elements with |x| >= tau in one pass; returns payload bytes.
