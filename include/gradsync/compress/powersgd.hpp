@@ -234,8 +234,9 @@ template <float_element T> struct powersgd {
     wire::writer w(out, id, dtype_traits<T>::id, in.size(), param_bytes, encode_op);
     const std::size_t body_bytes = sizeof(float) * (rows + cols) * r;
     std::byte* body = w.body().data();
-    bool poisoned = false;
-    for (const T& v : in) poisoned |= !finite(to_float(v));
+    std::uint32_t top = 0; // largest exponent field: all ones only for NaN/Inf (vectorises)
+    for (const T& v : in) top = std::max(top, gradsync::detail::float_bits(to_float(v)) & 0x7f800000u);
+    bool poisoned = top == 0x7f800000u;
     st.replaced = 0;
     if (!poisoned) {
       workspace_cursor cur(ws, encode_op);

@@ -8,9 +8,9 @@
 // the unscaled one satisfies ||x - C(x)||^2 <= ||x||^2 and E = (1 - k/n) ||x||^2.
 //
 // Index set: entry j (j < k) goes to perm(j), where perm is a keyed
-// pseudo-random bijection of [0, n): a 4-round Feistel network on the smallest
-// power-of-two domain >= n, cycle-walked back into [0, n), then rotated by a
-// uniform offset. The k indices are distinct by construction, each is
+// pseudo-random bijection of [0, n): a 4-round Feistel network (round keys
+// and offset drawn with Philox) on the smallest power-of-two domain >= n,
+// cycle-walked back into [0, n), then rotated by a uniform offset. The k indices are distinct by construction, each is
 // computed on its own (one GPU thread per entry), and the rotation makes
 // P(i selected) = k/n exactly for every i, which is what unbiasedness needs.
 //
@@ -30,6 +30,7 @@
 // Body: k values of T, unscaled, in entry order; all zero when poisoned.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -46,34 +47,41 @@
 namespace gradsync::compress {
 
 /// Keyed pseudo-random bijection of [0, n) (see the file comment). Built per
-/// thread on a device: the constructor costs one Philox block.
+/// thread on a device: the constructor costs three Philox blocks, each image
+/// a few 64-bit multiplies.
 struct random_permutation {
-  philox_stream rng;
   std::uint64_t n = 0;
   std::uint64_t rot = 0;                  // uniform offset in [0, n)
+  std::uint64_t key[4] = {};              // Feistel round keys
   std::uint32_t hi_bits = 0, lo_bits = 0; // Feistel halves of the 2^b domain
 
-  /// Philox element index of the rotation draw (far above the round indices).
-  static constexpr std::uint64_t rotation_index = std::uint64_t{1} << 62;
+  /// Philox block index of the permutation's draws in its stream.
+  static constexpr std::uint64_t first_block = std::uint64_t{1} << 60;
 
-  GRADSYNC_HD random_permutation(philox_stream s, std::uint64_t count) : rng(s), n(count) {
+  GRADSYNC_HD random_permutation(const philox_stream& s, std::uint64_t count) : n(count) {
     std::uint32_t b = 0;
     while (b < 64 && (std::uint64_t{1} << b) < n) ++b;
     hi_bits = (b + 1) / 2;
     lo_bits = b / 2;
-    const philox_block r = rng.block(rotation_index >> 2);
-    const std::uint64_t r64 = (static_cast<std::uint64_t>(r.x[1]) << 32) | r.x[0];
-    rot = n == 0 ? 0 : r64 % n; // bias <= n / 2^64
+    std::uint64_t w[6];
+    for (int blk = 0; blk < 3; ++blk) {
+      const philox_block r = s.block(first_block + static_cast<std::uint64_t>(blk));
+      w[2 * blk] = (static_cast<std::uint64_t>(r.x[1]) << 32) | r.x[0];
+      w[2 * blk + 1] = (static_cast<std::uint64_t>(r.x[3]) << 32) | r.x[2];
+    }
+    rot = n == 0 ? 0 : w[0] % n; // bias <= n / 2^64
+    for (int round = 0; round < 4; ++round) key[round] = w[1 + round];
   }
 
   /// One pass of the unbalanced Feistel network over [0, 2^b): (L, R) ->
   /// (R, L xor F_round(R)), the halves swapping widths each round; four
-  /// rounds bring them back. F is the Philox word of element 4 R + round.
+  /// rounds bring them back. F_round(R) = mix64(R xor key[round]), the
+  /// SplitMix64 finaliser under a Philox round key.
   GRADSYNC_HD std::uint64_t feistel(std::uint64_t x) const {
     std::uint32_t a = hi_bits, c = lo_bits; // widths of L and R
     std::uint64_t l = x >> c, r = x & ((std::uint64_t{1} << c) - 1u);
-    for (std::uint32_t round = 0; round < 4; ++round) {
-      const std::uint64_t f = rng.bits(4 * r + round) & ((std::uint64_t{1} << a) - 1u);
+    for (int round = 0; round < 4; ++round) {
+      const std::uint64_t f = wire::mix64(r ^ key[round]) & ((std::uint64_t{1} << a) - 1u);
       const std::uint64_t next_r = l ^ f;
       l = r;
       r = next_r;
@@ -142,8 +150,10 @@ template <float_element T> struct randomk {
                 "rank 0xffffffff is reserved for shared indices");
     const auto step = static_cast<std::uint32_t>(st.step);
     ++st.step;
-    bool poisoned = false;
-    for (std::size_t i = 0; i < n; ++i) poisoned |= !finite(to_float(in[i]));
+    std::uint32_t top = 0; // largest exponent field: all ones only for NaN/Inf (vectorises)
+    for (std::size_t i = 0; i < n; ++i)
+      top = std::max(top, gradsync::detail::float_bits(to_float(in[i])) & 0x7f800000u);
+    const bool poisoned = top == 0x7f800000u;
     const std::uint32_t flags = (poisoned ? flag_poisoned : 0u) | (unbiased ? 0u : flag_unscaled);
     wire::writer w(out, id, dtype_traits<T>::id, n, param_bytes, encode_op);
     wire::param_writer(w.params())
