@@ -52,6 +52,9 @@ static_assert((shm_ring_bytes & (shm_ring_bytes - 1)) == 0 && shm_ring_bytes >= 
 /// 2 cores progressing (the shm suite runs 4-rank collectives that way).
 inline constexpr unsigned shm_spin_polls = 2000;
 inline constexpr unsigned shm_yield_polls = 200;
+/// Spinning when a group has more ranks than the machine has cores: 4 ranks
+/// on the 2 cores, 8 B allreduce: 89 us with 2000 polls, 6.7 us with 20.
+inline constexpr unsigned shm_oversubscribed_spin_polls = 20;
 /// How often a sleeping rank wakes to check that its peers are alive.
 inline constexpr std::chrono::milliseconds shm_liveness_interval{10};
 /// How long ranks wait for each other while setting up a shm communicator.

@@ -594,11 +594,11 @@ private:
       }
       if (done()) break;
       ++idle;
-      if (idle < policy::shm_spin_polls) {
+      if (idle < spin_polls_) {
         cpu_relax();
         continue;
       }
-      if (idle < policy::shm_spin_polls + policy::shm_yield_polls) {
+      if (idle < spin_polls_ + policy::shm_yield_polls) {
         sched_yield();
         continue;
       }
@@ -617,7 +617,7 @@ private:
         futex_wait(me.bell, v,
                    std::chrono::duration_cast<std::chrono::microseconds>(policy::shm_liveness_interval));
       me.sleeping.store(0, std::memory_order_relaxed);
-      idle = policy::shm_spin_polls; // woken: yield-poll, do not spin
+      idle = spin_polls_; // woken: yield-poll, do not spin
     }
   }
 
@@ -954,6 +954,10 @@ private:
   std::vector<inbound> in_;
   bool broken_ = false;
   std::string broken_reason_;
+  // More ranks than cores: a spinning rank only delays the peer it waits for.
+  unsigned spin_polls_ = static_cast<unsigned>(size_) > std::max(1u, std::thread::hardware_concurrency())
+                             ? policy::shm_oversubscribed_spin_polls
+                             : policy::shm_spin_polls;
 };
 
 // Registers `rank` in an attached segment and waits until every rank has;
