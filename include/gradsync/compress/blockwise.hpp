@@ -50,14 +50,14 @@ namespace detail {
 
 /// Round to nearest, ties to even, for |v| <= 2^22 (codes are far smaller).
 /// Host: adding and removing 1.5 * 2^23 rounds in the default mode without a
-/// libm call; device: rintf.
+/// libm call and vectorises (IEEE semantics forbid folding it; do not build
+/// gradsync with -ffast-math / -fassociative-math); device: rintf.
 GRADSYNC_HD inline float round_even(float v) {
 #if defined(__CUDA_ARCH__)
   return rintf(v);
 #else
-  volatile float big = 12582912.0f; // volatile: keep the compiler from folding the trick
-  const float b = big;
-  return (v + b) - b;
+  constexpr float big = 12582912.0f;
+  return (v + big) - big;
 #endif
 }
 

@@ -180,11 +180,16 @@ std::vector<std::byte> encode_to_vector(const C& c, std::span<const typename C::
   return out;
 }
 
-/// Decodes a payload into a freshly allocated vector sized by its header.
+/// Decodes a payload into a freshly allocated vector sized by its header
+/// (after the header and checksum are validated; a count no vector can hold
+/// is an error, not std::bad_alloc).
 template <codec C>
 std::vector<typename C::value_type> decode_to_vector(const C& c,
                                                      std::span<const std::byte> payload) {
+  using T = typename C::value_type;
   const std::uint64_t n = wire::count_of(payload);
+  wire::check(n <= std::vector<T>().max_size(), "decode.header",
+              "element count " + std::to_string(n) + " exceeds what a vector can hold");
   std::vector<typename C::value_type> out(static_cast<std::size_t>(n));
   c.decode(payload, std::span(out));
   return out;
