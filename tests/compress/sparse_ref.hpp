@@ -74,15 +74,14 @@ template <class T>
 void check_decoded(const std::vector<T>& x, const std::vector<std::uint32_t>& index,
                    const std::vector<T>& dec) {
   REQUIRE(dec.size() == x.size());
-  std::size_t j = 0;
+  std::size_t j = 0, bad = 0, first_bad = 0;
   for (std::size_t i = 0; i < x.size(); ++i) {
-    if (j < index.size() && index[j] == i) {
-      CHECK(same_bits(dec[i], x[i]));
-      ++j;
-    } else {
-      CHECK(static_cast<float>(dec[i]) == 0.0f);
-    }
+    const bool sent = j < index.size() && index[j] == i;
+    const bool ok = sent ? same_bits(dec[i], x[i]) : static_cast<float>(dec[i]) == 0.0f;
+    if (!ok && bad++ == 0) first_bad = i;
+    j += sent ? 1 : 0;
   }
+  CHECK_MESSAGE(bad == 0, bad, " wrong decoded elements, the first at index ", first_bad);
   CHECK(j == index.size());
 }
 
