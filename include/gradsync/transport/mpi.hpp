@@ -74,6 +74,34 @@ inline bool initialized() {
   return init && !fin;
 }
 
+// MPICH (4.0) raises the errors of request completion (MPI_Test, MPI_Wait;
+// e.g. a receive truncated by a larger message) on MPI_COMM_WORLD's handler,
+// fatal by default, not on the request's communicator. While gradsync
+// completes its own requests, world's handler is MPI_ERRORS_RETURN, so such
+// errors become a gradsync::error. (With MPI_THREAD_MULTIPLE, another thread's
+// errors on MPI_COMM_WORLD in that window return instead of aborting.)
+class world_errors_return {
+public:
+  world_errors_return() noexcept {
+    if (!initialized() || MPI_Comm_get_errhandler(MPI_COMM_WORLD, &saved_) != MPI_SUCCESS) {
+      saved_ = MPI_ERRHANDLER_NULL;
+      return;
+    }
+    if (saved_ == MPI_ERRORS_RETURN) saved_ = MPI_ERRHANDLER_NULL; // nothing to switch
+    else MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  }
+  ~world_errors_return() {
+    if (saved_ == MPI_ERRHANDLER_NULL || !initialized()) return;
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, saved_);
+    if (saved_ != MPI_ERRORS_ARE_FATAL) MPI_Errhandler_free(&saved_); // ours from the get
+  }
+  world_errors_return(const world_errors_return&) = delete;
+  world_errors_return& operator=(const world_errors_return&) = delete;
+
+private:
+  MPI_Errhandler saved_ = MPI_ERRHANDLER_NULL;
+};
+
 } // namespace detail
 
 /// Completion handle of an MPI send or receive. A transfer larger than
@@ -88,6 +116,7 @@ public:
       abandon();
       reqs_ = std::move(o.reqs_);
       sizes_ = std::move(o.sizes_);
+      st_ = std::move(o.st_);
       op_ = o.op_;
       rank_ = o.rank_;
       peer_ = o.peer_;
@@ -107,10 +136,11 @@ public:
   /// when the peer has not matched it within the communicator's timeout.
   void wait() {
     if (reqs_.empty()) return;
+    detail::world_errors_return guard;
     using clock = std::chrono::steady_clock;
     const auto start = clock::now();
     for (unsigned i = 0;; ++i) {
-      if (test()) return;
+      if (poll()) return;
       if ((i & 255u) == 255u) {
         const auto waited = clock::now() - start;
         if (waited > timeout_) {
@@ -127,29 +157,42 @@ public:
   /// True once complete (then as wait()); false while pending.
   bool test() {
     if (reqs_.empty()) return true;
-    int flag = 0;
-    std::vector<MPI_Status> st(reqs_.size());
-    const int rc = MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &flag, st.data());
-    if (rc == MPI_SUCCESS && !flag) return false;
-    finish(rc, st);
-    return true;
+    detail::world_errors_return guard;
+    return poll();
   }
 
 private:
   friend class communicator;
-  void finish(int rc, std::vector<MPI_Status>& st) {
-    auto reqs = std::move(reqs_);
-    reqs_.clear();
-    if (rc != MPI_SUCCESS) {
-      // MPI_ERR_IN_STATUS: report the first failing part.
-      for (auto& s : st)
-        if (s.MPI_ERROR != MPI_SUCCESS) rc = s.MPI_ERROR;
-      throw error(op_, rank_, peer_, detail::error_string(rc));
+  // One MPI_Test per part, keeping each part's status once it completed
+  // (MPI_Testall would report a failed part through MPI_ERR_IN_STATUS only).
+  bool poll() {
+    st_.resize(reqs_.size());
+    for (std::size_t i = 0; i < reqs_.size(); ++i) {
+      if (reqs_[i] == MPI_REQUEST_NULL) continue; // completed earlier; st_[i] holds its status
+      int flag = 0;
+      const int rc = MPI_Test(&reqs_[i], &flag, &st_[i]);
+      if (rc != MPI_SUCCESS) {
+        reqs_[i] = MPI_REQUEST_NULL; // completed with an error
+        abandon();
+        int cls = MPI_ERR_OTHER;
+        MPI_Error_class(rc, &cls);
+        if (cls == MPI_ERR_TRUNCATE)
+          throw error(op_, rank_, peer_,
+                      "message size mismatch: a message larger than the posted receive of " +
+                          std::to_string(sizes_[i]) + " bytes arrived (part " + std::to_string(i) + ")");
+        throw error(op_, rank_, peer_, detail::error_string(rc));
+      }
+      if (!flag) return false;
     }
+    reqs_.clear();
+    finish();
+    return true;
+  }
+  void finish() const {
     if (!recv_) return;
-    for (std::size_t i = 0; i < st.size(); ++i) {
+    for (std::size_t i = 0; i < st_.size(); ++i) {
       int got = 0;
-      MPI_Get_count(&st[i], MPI_BYTE, &got);
+      MPI_Get_count(&st_[i], MPI_BYTE, &got);
       if (static_cast<std::size_t>(got) != sizes_[i])
         throw error(op_, rank_, peer_,
                     "message size mismatch: received " + std::to_string(got) +
@@ -158,6 +201,8 @@ private:
     }
   }
   void abandon() noexcept {
+    if (reqs_.empty()) return;
+    detail::world_errors_return guard;
     for (auto& r : reqs_) {
       if (r == MPI_REQUEST_NULL || !detail::initialized()) continue;
       if (recv_) {
@@ -171,6 +216,7 @@ private:
   }
   std::vector<MPI_Request> reqs_;
   std::vector<std::size_t> sizes_;
+  std::vector<MPI_Status> st_;
   const char* op_ = "";
   int rank_ = -1, peer_ = -1;
   bool recv_ = false;
@@ -223,7 +269,11 @@ public:
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
   /// Node (shared-memory domain) of rank `r`, numbered by its lowest rank.
-  int node_of(int r) const { return node_.at(static_cast<std::size_t>(r)); }
+  int node_of(int r) const {
+    require(r >= 0 && r < size_, "mpi.node_of", rank_,
+            "rank " + std::to_string(r) + " out of range [0, " + std::to_string(size_) + ")");
+    return node_[static_cast<std::size_t>(r)];
+  }
   /// The private duplicate communicator gradsync uses.
   MPI_Comm native() const noexcept { return comm_; }
   /// How long a wait blocks before failing (default policy::default_timeout).
