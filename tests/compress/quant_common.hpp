@@ -5,10 +5,12 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <gradsync/compress/blockwise.hpp>
@@ -212,6 +214,39 @@ template <class C> void common_checks(C c) {
     CHECK_THROWS_AS(bad.encode(std::span<const float>(x), st, {}, out), gradsync::error);
     std::vector<std::byte> small(c.max_encoded_bytes(n) - 1);
     CHECK_THROWS_AS(c.encode(std::span<const float>(x), st, {}, small), gradsync::error);
+  }
+
+  SUBCASE("half, bfloat16 and double inputs encode exactly like their float values") {
+    const auto xf = gradient_like(3 * c.block + 5, 13);
+    auto same_body = [&](auto tag) {
+      using T = decltype(tag);
+      using CT = cz::blockwise<std::remove_cvref_t<decltype(c.rule)>, T>;
+      const CT ct{.block = c.block, .rule = c.rule};
+      const auto xt = as<T>(xf);
+      std::vector<float> back; // the float values the T inputs stand for
+      for (T v : xt) back.push_back(static_cast<float>(v));
+      S s1{}, s2{};
+      const auto pt = cz::encode_to_vector(ct, std::span<const T>(xt), s1);
+      const auto pf = cz::encode_to_vector(c, std::span<const float>(back), s2);
+      REQUIRE(pt.size() == pf.size());
+      CHECK(pt[6] == static_cast<std::byte>(gradsync::dtype_traits<T>::id));
+      CHECK(std::equal(pt.begin() + 32, pt.end(), pf.begin() + 32)); // params and body
+      // Decoding into T narrows the float result.
+      std::vector<T> yt(xt.size());
+      ct.decode(pt, std::span(yt));
+      std::vector<float> yf(xt.size(), 0.0f);
+      c.decode_accumulate(pf, std::span(yf));
+      int bad = 0;
+      for (std::size_t i = 0; i < yt.size(); ++i)
+        bad += !(static_cast<float>(yt[i]) == static_cast<float>(static_cast<T>(yf[i])));
+      CHECK(bad == 0);
+      // A payload from one element type does not decode as another.
+      std::vector<float> wrong(xt.size());
+      CHECK_THROWS_AS(c.decode(pt, std::span(wrong)), gradsync::error);
+    };
+    same_body(gradsync::half{});
+    same_body(gradsync::bfloat16{});
+    same_body(double{});
   }
 
   SUBCASE("corruption harness") {
