@@ -449,6 +449,30 @@ TEST_CASE("shm: abandoned requests never touch their buffers afterwards") {
   check_all_ok(res);
 }
 
+TEST_CASE("shm: a send abandoned half written still delivers its bytes, from a private copy") {
+  const std::size_t n = 3 * gradsync::policy::shm_ring_bytes + 11;
+  auto res = spawn(2, [&](communicator& c) {
+    if (c.rank() == 0) {
+      {
+        auto big = pattern(n, 0, 4);
+        auto s = c.isend(cbytes(big), 1, 1);
+        s.test(); // about a ring's worth is in shared memory now
+        expect(!s.test(), "the send cannot be complete before the receiver reads");
+      } // request, then buffer, released mid-message
+      std::vector<std::uint8_t> scribble(n, 0xee); // likely reuses the freed memory
+      c.irecv({}, 1, 9).wait(); // progresses the rest of the message
+      expect(scribble[n / 2] == 0xee, "scribble intact");
+    } else {
+      std::this_thread::sleep_for(30ms);
+      std::vector<std::uint8_t> in(n);
+      c.irecv(wbytes(in), 0, 1).wait();
+      expect(in == pattern(n, 0, 4), "payload of the abandoned send");
+      c.isend({}, 0, 9).wait();
+    }
+  });
+  check_all_ok(res);
+}
+
 // ---- collectives over shm, closed-form results --------------------------------
 
 namespace {

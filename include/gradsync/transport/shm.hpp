@@ -394,6 +394,8 @@ struct op_state {
   std::byte* buf = nullptr; // a send's buffer is only read
   std::size_t bytes = 0;
   std::size_t written = 0;  // send: payload bytes in the ring
+  std::size_t base = 0;     // send: offset of `buf` in the message (see owned)
+  std::unique_ptr<std::byte[]> owned; // send: private copy of an abandoned tail
   bool started = false;     // send: first frame written (seq assigned)
   bool acked = false;       // send: receiver matched (or rejected) it
   std::uint64_t seq = 0;
@@ -550,29 +552,10 @@ public:
   /// again; a send whose bytes are partly in the ring is finished first.
   void abandon(const op_ptr& s) noexcept {
     if (s->done) return;
-    if (s->is_send) {
-      auto& o = out_[idx(s->peer)];
-      if (!s->started) {
-        std::erase(o.sends, s);
-        return;
-      }
-      if (s->written < s->bytes) {
-        try { // the receiver counts on the rest of the bytes
-          op_state guard;
-          guard.peer = s->peer;
-          block(guard, [&] { return guard.done || s->done || s->written == s->bytes; });
-        } catch (...) {
-        }
-      }
-      o.unacked.erase(s->seq); // its ack, if it comes, is ignored
-      std::erase(o.sends, s);
-      return;
-    }
-    auto& in = in_[idx(s->peer)];
-    std::erase(in.posted, s);
-    if (in.open && in.op == s) { // mid-stream: drop the rest
-      in.op.reset();
-      in.dst = nullptr;
+    try {
+      detach(*s);
+    } catch (...) { // out of memory for the copy: the group cannot go on
+      break_all("rank " + std::to_string(rank_) + " could not detach an abandoned send", true);
     }
   }
 
@@ -705,7 +688,7 @@ private:
         if (free < cell + round_up(min_len, cell)) break;
         len = std::min(want, (free - cell) / cell * cell);
         if (len < want && len < min_len) break;
-        put(o, o.tail + cell, s->buf + s->written, len);
+        put(o, o.tail + cell, s->buf + (s->written - s->base), len);
       }
       if (!s->started) {
         s->started = true;
@@ -899,17 +882,34 @@ private:
     }
   }
 
-  void abandon_after_timeout(op_state& s) {
-    // The operation failed; make sure nothing writes into its buffer later.
-    for (auto& in : in_) {
-      std::erase_if(in.posted, [&](const op_ptr& p) { return p.get() == &s; });
-      if (in.open && in.op.get() == &s) {
-        in.op.reset();
-        in.dst = nullptr;
+  void abandon_after_timeout(op_state& s) { detach(s); }
+
+  // Makes the engine forget the caller's buffer of `s`: an unstarted send or
+  // posted receive is withdrawn; a receive being streamed discards the rest;
+  // a partly written send finishes from a private copy of its remaining bytes
+  // (the receiver counts on them), so detaching never blocks.
+  void detach(op_state& s) {
+    const auto same = [&](const op_ptr& p) { return p.get() == &s; };
+    if (s.is_send) {
+      auto& o = out_[idx(s.peer)];
+      if (!s.started) {
+        std::erase_if(o.sends, same);
+        return;
       }
+      o.unacked.erase(s.seq); // its ack, if it comes, is ignored
+      if (s.written < s.bytes && !s.owned) {
+        s.owned = std::make_unique_for_overwrite<std::byte[]>(s.bytes - s.written);
+        std::memcpy(s.owned.get(), s.buf + s.written, s.bytes - s.written);
+        s.buf = s.owned.get();
+        s.base = s.written;
+      }
+      return;
     }
-    for (auto& o : out_) {
-      std::erase_if(o.sends, [&](const op_ptr& p) { return p.get() == &s && !p->started; });
+    auto& in = in_[idx(s.peer)];
+    std::erase_if(in.posted, same);
+    if (in.open && in.op.get() == &s) {
+      in.op.reset();
+      in.dst = nullptr;
     }
   }
 
