@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <numeric>
 #include <span>
@@ -52,10 +53,12 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 // them all if they have not finished within `limit`. The directory must be
 // empty afterwards (the rendezvous file is removed once all ranks attached).
 std::vector<outcome> spawn(int p, const std::function<void(communicator&)>& fn,
-                           std::chrono::milliseconds limit = 40s) {
+                           std::chrono::milliseconds limit = 40s,
+                           const std::function<void(const fs::path&)>& prepare = nullptr) {
   char tmpl[] = "/tmp/gradsync-shm-test-XXXXXX";
   REQUIRE(::mkdtemp(tmpl) != nullptr);
   const fs::path dir = tmpl;
+  if (prepare) prepare(dir);
   std::fflush(nullptr);
   std::vector<pid_t> pids;
   std::vector<int> fds;
@@ -309,6 +312,37 @@ TEST_CASE("shm: invalid peers, ranks and buffers are errors") {
   CHECK_THROWS_AS(communicator(dir, 2, 2), error);
   CHECK_THROWS_AS(communicator(dir, -1, 2), error);
   CHECK_THROWS_AS(communicator(dir, 0, 0), error);
+}
+
+TEST_CASE("shm: a stale rendezvous file of a crashed run is ignored") {
+  auto res = spawn(3, [](communicator& c) {
+    std::vector<float> v(5, static_cast<float>(c.rank()));
+    gradsync::allreduce(c, std::span<float>(v));
+    expect(v[4] == 3.0f, "allreduce after a stale rendezvous");
+  }, 40s, [](const fs::path& dir) {
+    // A creator pid that cannot exist (above pid_max) and a vanished segment.
+    std::ofstream(dir / "gradsync-shm.rendezvous") << "/gradsync-00000000000000000000000000000000 3 2147483000\n";
+  });
+  check_all_ok(res);
+}
+
+TEST_CASE("shm: 12 ranks on 2 cores (smaller rings, oversubscribed waits)") {
+  CHECK(gradsync::shm::detail::ring_bytes_for(12) * 144 <= gradsync::policy::shm_rings_budget);
+  CHECK(gradsync::shm::detail::ring_bytes_for(2) == gradsync::policy::shm_ring_bytes);
+  CHECK(gradsync::shm::detail::ring_bytes_for(1000) == gradsync::policy::shm_min_ring_bytes);
+  auto res = spawn(12, [](communicator& c) {
+    const int p = c.size();
+    for (auto a : {gradsync::algorithm::automatic, gradsync::algorithm::ring}) {
+      gradsync::options o;
+      o.algo = a;
+      std::vector<std::int32_t> v(100'003);
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = (c.rank() + 1) * static_cast<int>(i % 5);
+      gradsync::allreduce(c, std::span<std::int32_t>(v), gradsync::op::sum{}, o);
+      for (std::size_t i = 0; i < v.size(); ++i)
+        expect(v[i] == p * (p + 1) / 2 * static_cast<int>(i % 5), "12-rank allreduce");
+    }
+  }, 90s);
+  check_all_ok(res);
 }
 
 TEST_CASE("shm: a single rank works alone") {

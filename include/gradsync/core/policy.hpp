@@ -43,9 +43,14 @@ inline constexpr std::chrono::milliseconds default_timeout{300'000};
 /// memcpy: 41 GB/s at 1 MiB in cache, 9.5-11 GB/s at 64 MiB.)
 inline constexpr std::size_t shm_ring_bytes = std::size_t{1} << 20;
 inline constexpr std::size_t shm_frame_bytes = std::size_t{64} << 10;
+/// All p*p rings of a group stay within this many bytes (the ring shrinks
+/// for p > 8), but no ring gets smaller than shm_min_ring_bytes.
+inline constexpr std::size_t shm_rings_budget = std::size_t{64} << 20;
+inline constexpr std::size_t shm_min_ring_bytes = std::size_t{128} << 10;
 /// Smallest frame worth writing when the ring is nearly full (no slivers).
 inline constexpr std::size_t shm_min_frame_bytes = std::size_t{4} << 10;
-static_assert((shm_ring_bytes & (shm_ring_bytes - 1)) == 0 && shm_ring_bytes >= 2 * shm_frame_bytes);
+static_assert((shm_ring_bytes & (shm_ring_bytes - 1)) == 0 && (shm_min_ring_bytes & (shm_min_ring_bytes - 1)) == 0 &&
+              shm_min_ring_bytes >= 4 * shm_min_frame_bytes);
 /// Idle polls (each one sweep over all rings, tens of ns) spent spinning,
 /// then yielding, before a waiting rank sleeps on its futex. About 100 us of
 /// spinning covers a peer's copy of a whole frame; yielding keeps 4 ranks on

@@ -235,6 +235,16 @@ inline bool process_alive(int pid) {
   return close[2] != 'Z' && close[2] != 'X';
 }
 
+/// Ring bytes per ordered pair for `p` ranks: policy::shm_ring_bytes while the
+/// p*p rings fit policy::shm_rings_budget, smaller (a power of two, at least
+/// policy::shm_min_ring_bytes) beyond.
+inline std::size_t ring_bytes_for(int p) {
+  const auto pairs = static_cast<std::size_t>(p) * static_cast<std::size_t>(p);
+  std::size_t ring = policy::shm_ring_bytes;
+  while (ring > policy::shm_min_ring_bytes && ring * pairs > policy::shm_rings_budget) ring /= 2;
+  return ring;
+}
+
 inline std::string random_name() {
   unsigned char b[16];
   std::size_t got = 0;
@@ -319,7 +329,7 @@ public:
     hdr_ = reinterpret_cast<header*>(base_);
     if (hdr_->ready.load(std::memory_order_acquire) != 1 || hdr_->magic != magic)
       return unmap("segment " + name + " is not an initialised gradsync segment");
-    if (hdr_->size != p)
+    if (hdr_->size != p || hdr_->ring_bytes < 4 * cell || (hdr_->ring_bytes & (hdr_->ring_bytes - 1)) != 0)
       return unmap("segment " + name + " was made for " + std::to_string(hdr_->size) +
                    " ranks, this rank expects " + std::to_string(p));
     if (hdr_->total_bytes != bytes_ || layout(p, hdr_->ring_bytes, hdr_->arena_bytes).total != bytes_)
@@ -682,7 +692,7 @@ private:
         if (len) std::memcpy(f.payload, s->buf, len);
       } else {
         // Adapt the frame to the free space, but never write slivers.
-        const std::size_t want = std::min(left, policy::shm_frame_bytes);
+        const std::size_t want = std::min(left, frame_);
         const std::size_t min_len = std::min(left, policy::shm_min_frame_bytes);
         const std::size_t free = space(o, cell + round_up(want, cell));
         if (free < cell + round_up(min_len, cell)) break;
@@ -954,6 +964,7 @@ private:
   std::vector<inbound> in_;
   bool broken_ = false;
   std::string broken_reason_;
+  std::size_t frame_ = std::min(policy::shm_frame_bytes, ring_ / 4); // >= 2 frames in flight
   // More ranks than cores: a spinning rank only delays the peer it waits for.
   unsigned spin_polls_ = static_cast<unsigned>(size_) > std::max(1u, std::thread::hardware_concurrency())
                              ? policy::shm_oversubscribed_spin_polls
@@ -1071,7 +1082,7 @@ public:
     auto seg = std::make_unique<detail::segment>();
     if (rank == 0) {
       cleanup(); // a stale file of a crashed run
-      seg->create(size, policy::shm_ring_bytes, policy::shm_arena_bytes);
+      seg->create(size, detail::ring_bytes_for(size), policy::shm_arena_bytes);
       const auto tmp = dir / (".gradsync-shm." + seg->name().substr(10) + ".tmp");
       {
         std::ofstream f(tmp, std::ios::trunc);
@@ -1104,7 +1115,7 @@ public:
     auto seg = std::make_unique<detail::segment>();
     if (rank == 0) {
       try {
-        seg->create(size, policy::shm_ring_bytes, policy::shm_arena_bytes);
+        seg->create(size, detail::ring_bytes_for(size), policy::shm_arena_bytes);
       } catch (...) {
         try { // an empty name tells the other ranks to fail instead of waiting
           share(std::string());
