@@ -312,6 +312,13 @@ TEST_CASE("shm: invalid peers, ranks and buffers are errors") {
   CHECK_THROWS_AS(communicator(dir, 2, 2), error);
   CHECK_THROWS_AS(communicator(dir, -1, 2), error);
   CHECK_THROWS_AS(communicator(dir, 0, 0), error);
+  std::string what;
+  try {
+    communicator c(dir / "no-such-directory", 0, 2);
+  } catch (const error& e) {
+    what = e.what();
+  }
+  CHECK(contains(what, "does not exist"));
 }
 
 TEST_CASE("shm: a stale rendezvous file of a crashed run is ignored") {

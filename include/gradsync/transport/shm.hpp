@@ -466,6 +466,9 @@ public:
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
   ~engine() {
+    // A forked child that inherited this engine is not this rank: leave the
+    // shared state alone.
+    if (::getpid() != owner_) return;
     // Everything this rank wrote is already published; peers may drain it
     // after we leave (their mapping stays valid). Wake them so that anyone
     // waiting on us notices promptly.
@@ -958,6 +961,7 @@ private:
   }
 
   std::unique_ptr<segment> seg_;
+  pid_t owner_ = ::getpid();
   int rank_, size_;
   std::size_t ring_;
   std::vector<outbound> out_;
@@ -1074,6 +1078,9 @@ public:
   /// for it (up to policy::shm_attach_timeout) and attach.
   communicator(const std::filesystem::path& dir, int rank, int size) {
     check_args(rank, size);
+    std::error_code ec;
+    require(std::filesystem::is_directory(dir, ec), "shm.communicator", rank,
+            "rendezvous directory " + dir.string() + " does not exist");
     const auto file = dir / "gradsync-shm.rendezvous";
     auto cleanup = [file] {
       std::error_code ec;
@@ -1093,7 +1100,6 @@ public:
           throw error("shm.communicator", rank, -1, "cannot write rendezvous file in " + dir.string());
         }
       }
-      std::error_code ec;
       std::filesystem::rename(tmp, file, ec); // atomic publication
       if (ec) {
         ::shm_unlink(seg->name().c_str());
