@@ -11,12 +11,18 @@
 #include <type_traits>
 
 #include "algo/chain.hpp"
+#include "algo/dispatch.hpp"
 #include "algo/dissemination.hpp"
+#include "algo/hierarchical.hpp"
 #include "algo/options.hpp"
 #include "algo/ring.hpp"
+#include "algo/select.hpp"
+#include "algo/shm_direct.hpp"
+#include "algo/tree.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "core/ops.hpp"
+#include "transport/subgroup.hpp"
 #include "transport/transport.hpp"
 
 namespace gradsync {
@@ -56,13 +62,68 @@ inline std::size_t mul_checked(std::size_t a, std::size_t b, const char* op, int
               "algorithm '" + std::string(algorithm_name(a)) + "' is not available for " + op);
 }
 
+// The selector `automatic` consults: the caller's, else `fallback` (defaults).
+inline const selector& selector_of(const options& o, const selector& fallback) {
+  return o.select ? *o.select : fallback;
+}
+
+// Groups of a hierarchical allreduce; hier needs a group size or node_of.
+template <transport C> rank_groups hier_groups(const C& c, const options& o) {
+  require(o.group_size >= 0, "allreduce", c.rank(),
+          "group_size " + std::to_string(o.group_size) + " is negative");
+  require(o.group_size > 0 || node_aware<C>, "allreduce", c.rank(),
+          "algorithm 'hier' needs groups: set options::group_size, or use a transport with node_of()");
+  return groups_of(c, o.group_size);
+}
+
+template <transport C> int grid_row_of(const C& c, const options& o) {
+  require(o.group_size >= 0, "allreduce", c.rank(),
+          "group_size " + std::to_string(o.group_size) + " is negative");
+  return o.group_size > 0 ? o.group_size : grid_row(c.size());
+}
+
 } // namespace detail
+
+/// The communicator as the cost model sees it under options `o` (groups from
+/// o.group_size, else the transport's node_of, else none).
+template <transport C> topology topology_of(const C& c, const options& o = {}) {
+  const rank_groups g = groups_of(c, o.group_size > 0 ? o.group_size : 0);
+  return {c.size(), g.max_size(), g.count()};
+}
+
+/// The schedule `allreduce` runs for `count` elements of T under `o`:
+/// o.algo, or for `automatic` the selector's choice (override table, then the
+/// cheapest by the model). The same on every rank given equal selectors.
+template <element T, transport C>
+algorithm allreduce_algorithm(const C& c, std::size_t count, const options& o = {}) {
+  if (o.algo != algorithm::automatic) return o.algo;
+  const selector fallback;
+  const selector& sel = detail::selector_of(o, fallback);
+  // Over shared memory the arena allreduce beats every message schedule at
+  // every size (core/policy.hpp, shm section); the override table still wins.
+  if constexpr (algo::shm_direct::arena_transport<C>)
+    if (sel.pinned(count * sizeof(T)) == algorithm::automatic) return algorithm::direct;
+  return sel.choose(count * sizeof(T), topology_of(c, o), detail::segment_bytes(o));
+}
 
 /// Scratch bytes `allreduce` needs for `count` elements of T with options `o`
 /// (pass a buffer this large as `o.workspace` to avoid a per-call allocation).
 template <element T, transport C>
 std::size_t allreduce_workspace_bytes(const C& c, std::size_t count, const options& o = {}) {
-  return algo::ring::allreduce_workspace_bytes<T>(c.size(), count, detail::segment_bytes(o));
+  const std::size_t seg = detail::segment_bytes(o);
+  switch (const algorithm a = allreduce_algorithm<T>(c, count, o)) {
+  case algorithm::hier: {
+    const rank_groups g = detail::hier_groups(c, o);
+    return algo::hierarchical::allreduce_scratch_elems(count, sizeof(T), seg, g.max_size(), g.count()) *
+           sizeof(T);
+  }
+  case algorithm::twod: {
+    const int row = detail::grid_row_of(c, o);
+    return algo::hierarchical::allreduce_scratch_elems(count, sizeof(T), seg, row,
+                                                       (c.size() + row - 1) / row) * sizeof(T);
+  }
+  default: return algo::flat_scratch_elems(a, count, sizeof(T), seg, c.size()) * sizeof(T);
+  }
 }
 
 /// Allreduce, out of place: `out[i] = op over ranks of in[i]`. `out` must hold
@@ -81,17 +142,28 @@ void allreduce(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> o
               std::to_string(in.size()));
   detail::check_alias(in, out, name, r);
   const std::size_t count = in.size();
-  switch (o.algo) {
-  case algorithm::automatic:
-  case algorithm::ring: {
-    algo::scratch<T> ws(o.workspace,
-                        allreduce_workspace_bytes<T>(c, count, o) / sizeof(T), name, r);
-    algo::ring::allreduce(c, in.data(), out.data(), count, op, detail::segment_bytes(o), o.tag,
-                          ws.data());
-    return;
+  const selector fallback;
+  const selector& sel = detail::selector_of(o, fallback);
+  const algorithm a = allreduce_algorithm<T>(c, count, o);
+  const std::size_t seg = detail::segment_bytes(o);
+  if (a == algorithm::direct) {
+    if constexpr (algo::shm_direct::arena_transport<C>)
+      return algo::shm_direct::allreduce(c, in.data(), out.data(), count, op);
+    detail::unsupported(name, r, a);
   }
+  if (a != algorithm::hier && a != algorithm::twod && !algo::is_flat(a)) detail::unsupported(name, r, a);
+  algo::scratch<T> ws(o.workspace, allreduce_workspace_bytes<T>(c, count, o) / sizeof(T), name, r);
+  switch (a) {
+  case algorithm::hier:
+    algo::hierarchical::allreduce(c, in.data(), out.data(), count, op, detail::hier_groups(c, o), o.inner,
+                                  sel, seg, o.tag, ws.data());
+    return;
+  case algorithm::twod:
+    algo::hierarchical::allreduce_2d(c, in.data(), out.data(), count, op, detail::grid_row_of(c, o), seg,
+                                     o.tag, ws.data());
+    return;
   default:
-    detail::unsupported(name, r, o.algo);
+    algo::flat_allreduce(a, c, in.data(), out.data(), count, op, seg, o.tag, ws.data(), name);
   }
 }
 
@@ -168,28 +240,43 @@ void allgather(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> o
   }
 }
 
-/// Broadcast `data` from `root` to every rank (pipelined).
+namespace detail {
+// broadcast/reduce: `ring` is the pipelined chain, `tree` the binomial tree.
+template <transport C>
+algorithm rooted_algorithm(const C& c, std::size_t bytes, bool is_reduce, const options& o) {
+  if (o.algo != algorithm::automatic) return o.algo;
+  const selector fallback;
+  return selector_of(o, fallback).choose_rooted(bytes, c.size(), is_reduce, segment_bytes(o));
+}
+} // namespace detail
+
+/// Broadcast `data` from `root` to every rank: the pipelined chain (`ring`)
+/// or the binomial tree (`tree`); `automatic` picks by the cost model.
 template <transport C, element T>
 void broadcast(C& c, std::span<T> data, int root, const options& o = {}) {
   const char* name = "broadcast";
   const int r = c.rank();
   detail::check_span(data, name, r, "buffer");
   detail::check_root(root, c.size(), name, r);
-  switch (o.algo) {
-  case algorithm::automatic:
+  switch (const algorithm a = detail::rooted_algorithm(c, data.size_bytes(), false, o)) {
   case algorithm::ring:
     algo::chain::broadcast(c, data.data(), data.size(), root, detail::segment_bytes(o), o.tag);
     return;
+  case algorithm::tree:
+    algo::tree::broadcast(c, data.data(), data.size(), root, detail::segment_bytes(o), o.tag);
+    return;
   default:
-    detail::unsupported(name, r, o.algo);
+    detail::unsupported(name, r, a);
   }
 }
 
 /// Scratch bytes `reduce` needs for `count` elements.
 template <element T, transport C>
 std::size_t reduce_workspace_bytes(const C& c, std::size_t count, const options& o = {}) {
-  return algo::chain::reduce_scratch_elems(count, sizeof(T), detail::segment_bytes(o), c.size()) *
-         sizeof(T);
+  const std::size_t seg = detail::segment_bytes(o);
+  if (detail::rooted_algorithm(c, count * sizeof(T), true, o) == algorithm::tree)
+    return algo::tree::reduce_scratch_elems(count, sizeof(T), seg, c.size()) * sizeof(T);
+  return algo::chain::reduce_scratch_elems(count, sizeof(T), seg, c.size()) * sizeof(T);
 }
 
 /// Reduce to `root`: at the root `out` (at least `in.size()` elements, may be
@@ -208,17 +295,15 @@ void reduce(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> out,
                 std::to_string(in.size()));
     detail::check_alias(in, out, name, r);
   }
-  switch (o.algo) {
-  case algorithm::automatic:
-  case algorithm::ring: {
-    algo::scratch<T> ws(o.workspace, reduce_workspace_bytes<T>(c, in.size(), o) / sizeof(T), name, r);
-    algo::chain::reduce(c, in.data(), out.data(), in.size(), root, op, detail::segment_bytes(o),
-                        o.tag, ws.data());
-    return;
-  }
-  default:
-    detail::unsupported(name, r, o.algo);
-  }
+  const algorithm a = detail::rooted_algorithm(c, in.size_bytes(), true, o);
+  if (a != algorithm::ring && a != algorithm::tree) detail::unsupported(name, r, a);
+  algo::scratch<T> ws(o.workspace, reduce_workspace_bytes<T>(c, in.size(), o) / sizeof(T), name, r);
+  if (a == algorithm::tree)
+    algo::tree::reduce(c, in.data(), out.data(), in.size(), root, op, detail::segment_bytes(o), o.tag,
+                       ws.data());
+  else
+    algo::chain::reduce(c, in.data(), out.data(), in.size(), root, op, detail::segment_bytes(o), o.tag,
+                        ws.data());
 }
 
 /// Returns on each rank only after every rank has entered the barrier.

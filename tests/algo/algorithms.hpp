@@ -15,20 +15,35 @@ enum class collective { allreduce, reduce_scatter, allgather, broadcast, reduce 
 inline constexpr algorithm algorithms_under_test[] = {
     algorithm::automatic,
     algorithm::ring,
+    algorithm::tree,
+    algorithm::dbtree,
+    algorithm::rd,
+    algorithm::rabenseifner,
+    algorithm::hier,
+    algorithm::twod,
 };
 
-/// Extra options an algorithm needs on inproc ranks (e.g. a group size for
-/// hierarchical schedules); the sweep and the validation tests apply it.
+/// Extra options an algorithm needs on inproc ranks: hier has no node_of
+/// there, so it gets a group size, one that leaves a short last group for
+/// most rank counts (tests/algo/test_hierarchical.cpp sweeps group sizes).
 inline void configure(options& o, algorithm a) {
-  (void)o;
-  (void)a;
+  if (a == algorithm::hier) o.group_size = 3;
 }
 
 /// Whether collective `c` has a schedule for algorithm `a` (the sweep skips
 /// the others; the validation tests check that they fail with a clear error).
 constexpr bool implements(collective c, algorithm a) {
-  (void)c;
-  return a == algorithm::automatic || a == algorithm::ring;
+  switch (a) {
+  case algorithm::automatic:
+  case algorithm::ring: return true;
+  case algorithm::tree: return c == collective::allreduce || c == collective::broadcast || c == collective::reduce;
+  case algorithm::dbtree:
+  case algorithm::rd:
+  case algorithm::rabenseifner:
+  case algorithm::hier:
+  case algorithm::twod: return c == collective::allreduce;
+  default: return false; // direct: shared memory only (tests/transport)
+  }
 }
 
 } // namespace gradsync::test

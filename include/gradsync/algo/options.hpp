@@ -9,6 +9,8 @@
 
 namespace gradsync {
 
+class selector; // algo/select.hpp: cost model + GRADSYNC_ALGO table
+
 /// Collective algorithms. `automatic` lets the cost model choose per call.
 enum class algorithm {
   automatic, ///< chosen per call (GRADSYNC_ALGO may override)
@@ -18,6 +20,7 @@ enum class algorithm {
   rd,        ///< recursive doubling
   rabenseifner, ///< recursive halving reduce-scatter + recursive doubling allgather
   hier,      ///< hierarchical: intra-group, inter-group, intra-group
+  twod,      ///< 2-D grid: row reduce-scatter, column ring allreduce, row allgather
   direct,    ///< shared memory only: reduce in place from every rank's staged copy (algo/shm_direct.hpp)
 };
 
@@ -31,6 +34,7 @@ constexpr std::string_view algorithm_name(algorithm a) {
   case algorithm::rd: return "rd";
   case algorithm::rabenseifner: return "rabenseifner";
   case algorithm::hier: return "hier";
+  case algorithm::twod: return "2d";
   case algorithm::direct: return "direct";
   }
   return "?";
@@ -39,7 +43,8 @@ constexpr std::string_view algorithm_name(algorithm a) {
 /// Parses an algorithm name; returns false if unknown.
 constexpr bool parse_algorithm(std::string_view s, algorithm& out) {
   for (auto a : {algorithm::automatic, algorithm::ring, algorithm::tree, algorithm::dbtree,
-                 algorithm::rd, algorithm::rabenseifner, algorithm::hier, algorithm::direct})
+                 algorithm::rd, algorithm::rabenseifner, algorithm::hier, algorithm::twod,
+                 algorithm::direct})
     if (algorithm_name(a) == s) {
       out = a;
       return true;
@@ -54,11 +59,22 @@ struct options {
   /// Pipeline segment in bytes (0: policy::ring_segment_bytes). Small values
   /// force the multi-segment paths, which tests use.
   std::size_t segment_bytes = 0;
-  /// Message tag; concurrent collectives on one communicator need distinct tags.
+  /// Message tag. A collective uses tags [tag, tag + policy::tag_span), so
+  /// concurrent collectives on one communicator need tags that far apart.
   int tag = policy::default_tag;
   /// Optional caller-owned scratch of at least the size the matching
   /// `*_workspace_bytes` query returns; empty: allocated per call.
   std::span<std::byte> workspace = {};
+  /// Cost model and override table `automatic` consults (algo/select.hpp).
+  /// Null: the default model of core/policy.hpp and no override table. All
+  /// ranks must pass equivalent selectors (calibrate() agrees them), or they
+  /// may pick different schedules and deadlock.
+  const selector* select = nullptr;
+  /// Ranks per group for `hier` and row length for `twod`. 0: `hier` groups
+  /// by the transport's node_of(rank) when it has one; `twod` uses ~sqrt(p).
+  int group_size = 0;
+  /// Schedule of the inter-group step of `hier` (automatic: by the model).
+  algorithm inner = algorithm::automatic;
 };
 
 namespace detail {

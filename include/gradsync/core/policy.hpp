@@ -24,6 +24,24 @@ inline constexpr std::size_t mpi_max_message_bytes = std::size_t{1} << 30;
 /// concurrent operations on one communicator cannot match each other).
 inline constexpr int default_tag = 0x6753; // "gS"
 
+/// Tags one collective may use, starting at options::tag: the double binary
+/// tree uses one per tree, and hierarchical schedules shift their inter-group
+/// level by level_tag_shift so the two levels can never match each other.
+inline constexpr int level_tag_shift = 2;
+inline constexpr int tag_span = 2 * level_tag_shift;
+
+/// Default alpha-beta-gamma model of algo/select.hpp (seconds per message,
+/// per byte sent, per byte reduced), used when no calibrated selector is
+/// passed. PROVISIONAL: to be replaced by measured values.
+inline constexpr double model_alpha = 5e-6;
+inline constexpr double model_beta = 1e-10;
+inline constexpr double model_gamma = 2e-10;
+
+/// calibrate(): round trips timed per link (the large message gets a quarter
+/// as many) and the large message / reduce-kernel buffer size.
+inline constexpr int calibrate_iters = 20;
+inline constexpr std::size_t calibrate_bytes = std::size_t{1} << 20;
+
 /// How long a blocked send/receive waits for its peer before failing with an
 /// error instead of hanging (a peer that never calls the collective, or calls
 /// it with another count). Gloo-style; generous so slow CI never trips it.

@@ -1,0 +1,60 @@
+// gradsync: Rabenseifner's allreduce. A reduce-scatter by recursive halving
+// (step k: swap half of the current range with the rank p/2^(k+1) away and
+// reduce the half kept) leaves each rank one block of the result; an
+// allgather by recursive doubling spreads them. 2 lg p messages and
+// 2 (p-1)/p n bytes per rank: bandwidth-optimal with logarithmic latency.
+// Other rank counts fold onto a power of two first; blocks may be empty
+// (count < ranks), in which case nothing is sent for them.
+//
+// Determinism: partners combine op(lower, higher); each block is finished on
+// one rank and copied to all others.
+#pragma once
+
+#include <cstddef>
+
+#include "../core/ops.hpp"
+#include "../core/reduce.hpp"
+#include "pairwise.hpp"
+#include "schedule.hpp"
+
+namespace gradsync::algo::rabenseifner {
+
+/// Scratch elements of allreduce: one receive segment.
+inline constexpr auto allreduce_scratch_elems = pairwise::scratch_elems;
+
+/// Allreduce of `count` elements from `in` into `out` (may be equal).
+template <transport C, element T, reduce_op Op>
+void allreduce(C& c, const T* in, T* out, std::size_t count, Op op, std::size_t seg_bytes, int tag,
+               T* scratch) {
+  const int p = c.size();
+  pairwise::folded(c, in, out, count, op, seg_bytes, tag, scratch, [&](int v, const pairwise::fold& f, std::size_t seg) {
+    const partition blocks{count, static_cast<std::size_t>(f.pof2)};
+    auto at = [&](std::size_t b) { return out + blocks.offset(b); };
+    auto len = [&](std::size_t lo, std::size_t hi) { return blocks.offset(hi) - blocks.offset(lo); };
+    std::size_t lo = 0, hi = static_cast<std::size_t>(f.pof2); // blocks this rank still reduces
+    for (int mask = f.pof2 / 2; mask > 0; mask /= 2) {
+      const int w = v ^ mask;
+      const std::size_t mid = lo + (hi - lo) / 2;
+      const bool lower = (v & mask) == 0; // the lower rank keeps the lower half
+      const std::size_t klo = lower ? lo : mid, khi = lower ? mid : hi;
+      const std::size_t slo = lower ? mid : lo, shi = lower ? hi : mid;
+      pairwise::exchange_combine(c, f.outer(w), lower, static_cast<const T*>(at(slo)), len(slo, shi),
+                                 static_cast<const T*>(at(klo)), at(klo), len(klo, khi), op, seg, tag,
+                                 scratch);
+      lo = klo;
+      hi = khi;
+    }
+    finalize(at(lo), len(lo, hi), op, p); // block v is final
+    for (int mask = 1; mask < f.pof2; mask *= 2) {
+      const int w = v ^ mask;
+      const auto m = static_cast<std::size_t>(mask);
+      const std::size_t plo = (v & mask) ? lo - m : hi; // the partner's range adjoins ours
+      pairwise::exchange_copy(c, f.outer(w), static_cast<const T*>(at(lo)), len(lo, hi), at(plo),
+                              len(plo, plo + m), tag);
+      lo = std::min(lo, plo);
+      hi = lo + 2 * m;
+    }
+  });
+}
+
+} // namespace gradsync::algo::rabenseifner

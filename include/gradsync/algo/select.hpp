@@ -1,0 +1,406 @@
+// gradsync: automatic algorithm choice. An alpha-beta-gamma cost model
+// (alpha: seconds per message, beta: per byte sent, gamma: per byte reduced;
+// one set per level: inside a group/node and between groups) predicts each
+// schedule's time from the textbook formulas (docs/algorithms.md), and the
+// cheapest wins. An override table (GRADSYNC_ALGO, or given in code) can pin
+// an algorithm per message-size range.
+//
+// No hidden global state: the model and the table live in a `selector` value
+// the caller owns and passes through options::select (null: the policy
+// defaults, no table). `calibrate(comm)` builds one collectively: it times a
+// ping-pong and the reduce kernel, reads GRADSYNC_ALGO once, and agrees all
+// of it across ranks, because ranks that chose differently would deadlock.
+#pragma once
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "../core/error.hpp"
+#include "../core/ops.hpp"
+#include "../core/policy.hpp"
+#include "../core/reduce.hpp"
+#include "../transport/subgroup.hpp"
+#include "options.hpp"
+#include "ring.hpp"
+#include "schedule.hpp"
+
+namespace gradsync {
+
+/// Costs of one level of the network, in seconds.
+struct link_cost {
+  double alpha = 0; ///< per message: latency plus software overhead
+  double beta = 0;  ///< per byte moved over the link
+  double gamma = 0; ///< per byte combined by the reduction kernel
+};
+
+/// The communicator as the model sees it: `ranks` ranks in `groups` groups of
+/// at most `group_size` (1 group: no hierarchy known).
+struct topology {
+  int ranks = 1;
+  int group_size = 1;
+  int groups = 1;
+};
+
+/// Row length of the `twod` grid on p ranks: the divisor of p closest to
+/// sqrt(p) (rows then all have equal length), or ceil(sqrt(p)) if p is prime.
+constexpr int grid_row(int p) {
+  int best = 0;
+  for (int w = 2; w < p; ++w)
+    if (p % w == 0 && (best == 0 || std::abs(w * w - p) < std::abs(best * best - p))) best = w;
+  if (best) return best;
+  int w = 1;
+  while (w * w < p) ++w;
+  return w;
+}
+
+/// The alpha-beta-gamma model of the allreduce (and rooted) schedules.
+struct cost_model {
+  link_cost local{policy::model_alpha, policy::model_beta, policy::model_gamma};
+  link_cost global{policy::model_alpha, policy::model_beta, policy::model_gamma};
+
+  /// Link costs flat schedules see: between groups when there are several.
+  const link_cost& flat_link(const topology& t) const { return t.groups > 1 ? global : local; }
+
+  /// Predicted seconds of a flat allreduce of `n` bytes over `p` ranks on
+  /// link `l` (`seg`: pipeline segment bytes). NaN for hier/twod/automatic.
+  static double flat(algorithm a, double n, int p, const link_cost& l, double seg) {
+    if (p <= 1) return 0;
+    const double lg = std::ceil(std::log2(p));
+    const int pof2 = static_cast<int>(std::bit_floor(static_cast<unsigned>(p)));
+    const double k2 = std::log2(pof2), fold = p == pof2 ? 0 : 1, q = (pof2 - 1.0) / pof2;
+    switch (a) {
+    case algorithm::ring:
+      return 2 * (p - 1) * l.alpha + 2.0 * (p - 1) / p * n * l.beta + (p - 1.0) / p * n * l.gamma;
+    case algorithm::tree:
+      return 2 * lg * (l.alpha + n * l.beta) + lg * n * l.gamma;
+    case algorithm::rd:
+      return (k2 + 2 * fold) * (l.alpha + n * l.beta) + (k2 + fold) * n * l.gamma;
+    case algorithm::rabenseifner:
+      return (2 * k2 + 2 * fold) * l.alpha + (2 * q + 2 * fold) * n * l.beta + (q + fold) * n * l.gamma;
+    case algorithm::dbtree: {
+      const double h = std::floor(std::log2(p)); // height of the heap tree
+      const double k = std::max(1.0, std::ceil(n / 2 / seg)), s = n / 2 / k;
+      return (k + 2 * h) * (4 * l.alpha + 4 * s * l.beta + 2 * s * l.gamma);
+    }
+    default: return std::numeric_limits<double>::quiet_NaN();
+    }
+  }
+  /// Hierarchical: ring reduce-scatter inside groups of g, the best flat
+  /// allreduce of n/g bytes across the m groups, ring allgather inside groups.
+  double hier(double n, int g, int m, double seg) const {
+    const double local_part = 2 * (g - 1) * local.alpha + 2.0 * (g - 1) / g * n * local.beta +
+                              (g - 1.0) / g * n * local.gamma;
+    return local_part + best_flat(n / g, m, global, seg).second;
+  }
+  /// 2-D grid of rows of w (p/w rows): hier with rows as groups, the column
+  /// step a ring, all on the flat link.
+  double twod(double n, int p, int w, const link_cost& l) const {
+    const int rows = (p + w - 1) / w;
+    return 2 * (w - 1) * l.alpha + 2.0 * (w - 1) / w * n * l.beta + (w - 1.0) / w * n * l.gamma +
+           flat(algorithm::ring, n / w, rows, l, 1);
+  }
+  /// The cheapest flat schedule and its cost (ties: the earlier in the list).
+  static std::pair<algorithm, double> best_flat(double n, int p, const link_cost& l, double seg) {
+    std::pair<algorithm, double> best{algorithm::ring, std::numeric_limits<double>::infinity()};
+    for (auto a : {algorithm::ring, algorithm::tree, algorithm::dbtree, algorithm::rd, algorithm::rabenseifner})
+      if (const double t = flat(a, n, p, l, seg); t < best.second) best = {a, t};
+    return best;
+  }
+  /// Predicted seconds of allreduce algorithm `a` (any but automatic) on `t`;
+  /// infinity where `a` does not apply (hier without groups, twod below 4 ranks).
+  double allreduce(algorithm a, std::size_t bytes, const topology& t, std::size_t seg) const {
+    const auto n = static_cast<double>(bytes);
+    const auto s = static_cast<double>(seg);
+    constexpr double inf = std::numeric_limits<double>::infinity();
+    switch (a) {
+    case algorithm::hier:
+      return t.groups > 1 && t.group_size > 1 ? hier(n, t.group_size, t.groups, s) : inf;
+    case algorithm::twod:
+      return t.ranks >= 4 ? twod(n, t.ranks, grid_row(t.ranks), flat_link(t)) : inf;
+    case algorithm::automatic: return inf;
+    default: return flat(a, n, t.ranks, flat_link(t), s);
+    }
+  }
+  /// Predicted seconds of a broadcast (`reduce`: false) or reduce of `bytes`
+  /// from/to one root: `tree` is the binomial tree, `ring` the pipelined chain.
+  double rooted(algorithm a, std::size_t bytes, int p, bool reduce, std::size_t seg) const {
+    if (p <= 1) return 0;
+    const auto n = static_cast<double>(bytes);
+    const link_cost& l = local;
+    const double g = reduce ? l.gamma : 0;
+    if (a == algorithm::tree) return std::ceil(std::log2(p)) * (l.alpha + n * (l.beta + g));
+    const double k = std::max(1.0, std::ceil(n / static_cast<double>(seg))), s = n / k;
+    return (p - 2 + k) * (l.alpha + s * (l.beta + g));
+  }
+};
+
+/// One entry of an override table: `algo` for messages of [lo, hi) bytes
+/// (hi == SIZE_MAX: no upper end).
+struct size_rule {
+  algorithm algo = algorithm::automatic;
+  std::size_t lo = 0, hi = SIZE_MAX;
+};
+
+namespace detail {
+
+inline std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+[[noreturn]] inline void bad_rule(std::string_view token, const std::string& why) {
+  throw error("GRADSYNC_ALGO", -1, -1, "bad token '" + std::string(token) + "': " + why);
+}
+
+// "123", "2K", "1M", "4G" (binary multiples) or "max".
+inline std::size_t parse_size(std::string_view s, std::string_view token) {
+  s = trim(s);
+  if (s == "max") return SIZE_MAX;
+  std::size_t mult = 1;
+  if (!s.empty()) switch (s.back()) {
+    case 'K': case 'k': mult = std::size_t{1} << 10; break;
+    case 'M': case 'm': mult = std::size_t{1} << 20; break;
+    case 'G': case 'g': mult = std::size_t{1} << 30; break;
+    default: break;
+    }
+  if (mult != 1) s.remove_suffix(1);
+  if (s.empty()) bad_rule(token, "missing size");
+  std::size_t v = 0;
+  for (char ch : s) {
+    if (ch < '0' || ch > '9') bad_rule(token, "size '" + std::string(s) + "' is not a number with an optional K/M/G suffix");
+    const auto d = static_cast<std::size_t>(ch - '0');
+    if (v > (SIZE_MAX - d) / 10) bad_rule(token, "size overflows");
+    v = v * 10 + d;
+  }
+  if (v > SIZE_MAX / mult) bad_rule(token, "size overflows");
+  return v * mult;
+}
+
+} // namespace detail
+
+/// Parses an override table: `name[:lo-hi]` entries separated by ';', sizes in
+/// bytes with optional K/M/G (x1024) suffixes, `max` for no upper bound, e.g.
+/// "rd:0-2K;rabenseifner:2K-1M;ring:1M-max". A name alone covers every size;
+/// `auto` hands a range back to the model; sizes no entry covers use the
+/// model. Throws gradsync::error naming the bad token for unknown names, bad
+/// sizes, empty ranges (lo >= hi) and overlapping ranges.
+inline std::vector<size_rule> parse_algo_table(std::string_view spec) {
+  std::vector<size_rule> rules;
+  spec = detail::trim(spec);
+  if (spec.empty()) return rules;
+  while (true) {
+    const auto semi = spec.find(';');
+    const std::string_view token = detail::trim(spec.substr(0, semi));
+    if (token.empty()) detail::bad_rule(token, "empty entry (two ';' in a row, or a leading/trailing ';')");
+    const auto colon = token.find(':');
+    size_rule rule;
+    const std::string_view name = detail::trim(token.substr(0, colon));
+    if (!parse_algorithm(name, rule.algo))
+      detail::bad_rule(token, "unknown algorithm '" + std::string(name) +
+                                  "' (auto, ring, tree, dbtree, rd, rabenseifner, hier, 2d)");
+    if (colon != std::string_view::npos) {
+      const std::string_view range = token.substr(colon + 1);
+      const auto dash = range.find('-');
+      if (dash == std::string_view::npos) detail::bad_rule(token, "range must be lo-hi");
+      rule.lo = detail::parse_size(range.substr(0, dash), token);
+      rule.hi = detail::parse_size(range.substr(dash + 1), token);
+      if (rule.lo == SIZE_MAX) detail::bad_rule(token, "'max' is only valid as the upper bound");
+      if (rule.lo >= rule.hi) detail::bad_rule(token, "empty range (lo >= hi)");
+    }
+    for (const auto& o : rules)
+      if (rule.lo < o.hi && o.lo < rule.hi) detail::bad_rule(token, "range overlaps an earlier entry");
+    rules.push_back(rule);
+    if (semi == std::string_view::npos) break;
+    spec = spec.substr(semi + 1);
+  }
+  return rules;
+}
+
+/// Chooses allreduce (and broadcast/reduce) schedules: the override table
+/// first, then the cheapest by the cost model. A plain value, cheap to copy;
+/// pass it by pointer in options::select.
+class selector {
+public:
+  /// Default model (core/policy.hpp), no override table.
+  selector() = default;
+  /// A given model and (optionally) override table.
+  explicit selector(cost_model m, std::vector<size_rule> table = {})
+      : model_(m), table_(std::move(table)) {}
+
+  /// A given model with the table of GRADSYNC_ALGO, read now (once). Every
+  /// rank must see the same value; calibrate() checks that, this does not.
+  static selector from_env(cost_model m = {}) {
+    const char* s = std::getenv("GRADSYNC_ALGO");
+    return selector(m, parse_algo_table(s ? s : ""));
+  }
+
+  const cost_model& model() const noexcept { return model_; }
+  const std::vector<size_rule>& table() const noexcept { return table_; }
+
+  /// The table's entry for `bytes`, or automatic when none covers it.
+  algorithm pinned(std::size_t bytes) const {
+    for (const auto& r : table_)
+      if (r.lo <= bytes && (bytes < r.hi || r.hi == SIZE_MAX)) return r.algo;
+    return algorithm::automatic;
+  }
+
+  /// The allreduce schedule for `bytes` on `t`.
+  algorithm choose(std::size_t bytes, const topology& t, std::size_t seg) const {
+    if (const auto a = pinned(bytes); a != algorithm::automatic) return a;
+    return cheapest(bytes, t, seg);
+  }
+
+  /// The cheapest allreduce schedule on `t` by the model alone.
+  algorithm cheapest(std::size_t bytes, const topology& t, std::size_t seg) const {
+    if (t.ranks <= 1) return algorithm::ring;
+    algorithm best = algorithm::ring;
+    double cost = std::numeric_limits<double>::infinity();
+    for (auto a : {algorithm::ring, algorithm::tree, algorithm::dbtree, algorithm::rd,
+                   algorithm::rabenseifner, algorithm::twod, algorithm::hier})
+      if (const double c = model_.allreduce(a, bytes, t, seg); c < cost) {
+        best = a;
+        cost = c;
+      }
+    return best;
+  }
+
+  /// The schedule of hier's inter-group step: the table's entry (unless it
+  /// names hier/twod, which cannot nest) or the cheapest flat one.
+  algorithm choose_inner(std::size_t bytes, int groups, std::size_t seg) const {
+    if (const auto a = pinned(bytes); a != algorithm::automatic && a != algorithm::hier && a != algorithm::twod)
+      return a;
+    return cost_model::best_flat(static_cast<double>(bytes), groups, model_.global,
+                                 static_cast<double>(seg)).first;
+  }
+
+  /// Broadcast (`reduce`: false) or reduce schedule: `tree` (binomial) or
+  /// `ring` (the pipelined chain). The table applies when it names one of them.
+  algorithm choose_rooted(std::size_t bytes, int p, bool reduce, std::size_t seg) const {
+    if (const auto a = pinned(bytes); a == algorithm::tree || a == algorithm::ring) return a;
+    return model_.rooted(algorithm::tree, bytes, p, reduce, seg) <
+                   model_.rooted(algorithm::ring, bytes, p, reduce, seg)
+               ? algorithm::tree
+               : algorithm::ring;
+  }
+
+private:
+  cost_model model_;
+  std::vector<size_rule> table_;
+};
+
+namespace detail {
+
+/// Half the round trip of `bytes` between ranks a and b (best of `iters`),
+/// 0 on every other rank.
+template <transport C>
+double half_round_trip(C& c, int a, int b, std::size_t bytes, int iters, int tag) {
+  const int r = c.rank();
+  if ((r != a && r != b) || a == b) return 0;
+  std::vector<std::byte> buf(bytes);
+  const int peer = r == a ? b : a;
+  double best = std::numeric_limits<double>::infinity();
+  for (int i = 0; i < iters; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (r == a) {
+      c.isend(buf, peer, tag).wait();
+      c.irecv(buf, peer, tag).wait();
+    } else {
+      c.irecv(buf, peer, tag).wait();
+      c.isend(buf, peer, tag).wait();
+    }
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best / 2;
+}
+
+/// alpha and beta of the link between ranks a and b (0 elsewhere).
+template <transport C> link_cost measure_link(C& c, int a, int b, int tag) {
+  const double small = half_round_trip(c, a, b, 8, policy::calibrate_iters, tag);
+  const double large = half_round_trip(c, a, b, policy::calibrate_bytes, policy::calibrate_iters / 4 + 1, tag);
+  link_cost l;
+  l.alpha = small;
+  l.beta = std::max(0.0, large - small) / static_cast<double>(policy::calibrate_bytes);
+  return l;
+}
+
+/// Seconds per byte of the float sum kernel on this rank (best of a few).
+inline double measure_gamma() {
+  const std::size_t n = policy::calibrate_bytes / sizeof(float);
+  std::vector<float> a(n, 1.0f), b(n, 2.0f);
+  double best = std::numeric_limits<double>::infinity();
+  for (int i = 0; i < 5; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    combine(a.data(), static_cast<const float*>(a.data()), static_cast<const float*>(b.data()), n, op::sum{});
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best / static_cast<double>(policy::calibrate_bytes);
+}
+
+inline std::int64_t fnv1a(std::string_view s) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (char ch : s) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
+  return static_cast<std::int64_t>(h >> 2); // non-negative, so -h cannot overflow
+}
+
+} // namespace detail
+
+/// Builds a selector collectively (every rank must call it, with the same
+/// `group_size`): times a ping-pong inside a group and, when there are
+/// several groups, between groups (groups as in groups_of: blocks of
+/// `group_size`, else the transport's nodes), and the float reduce kernel on
+/// every rank; reads GRADSYNC_ALGO once. The measurements (the slowest rank's
+/// gamma) and the table are agreed by an allreduce, so every rank returns the
+/// same selector. Throws on every rank if any rank's GRADSYNC_ALGO is
+/// malformed or differs from the others'. Costs about 2 x
+/// policy::calibrate_iters round trips plus a few reduce-kernel passes.
+template <transport C> selector calibrate(C& c, int group_size = 0, const options& o = {}) {
+  const int p = c.size(), r = c.rank();
+  const rank_groups groups = groups_of(c, group_size);
+  const auto& first = groups.members.front();
+  const int local_peer = first.size() > 1 ? first[1] : 0;
+  const int global_peer = groups.count() > 1 ? groups.members[1].front() : 0;
+  // The environment is parsed first but errors are raised only after the
+  // agreement below, so a rank with a bad value cannot leave others waiting.
+  const char* env = std::getenv("GRADSYNC_ALGO");
+  const std::string spec = env ? env : "";
+  std::vector<size_rule> table;
+  std::optional<error> parse_error;
+  try {
+    table = parse_algo_table(spec);
+  } catch (const error& e) {
+    parse_error = e;
+  }
+  const link_cost local = detail::measure_link(c, 0, local_peer, o.tag);
+  const link_cost global = detail::measure_link(c, 0, global_peer, o.tag);
+  const double h = static_cast<double>(detail::fnv1a(spec));
+  // max over ranks of: measurements (others contribute 0), gamma, the table's
+  // hash and its negation (equal everywhere iff max(h) == -max(-h)), error flag.
+  std::vector<double> v{local.alpha, local.beta, global.alpha, global.beta, detail::measure_gamma(),
+                        h, -h, parse_error ? 1.0 : 0.0};
+  std::vector<double> ws(algo::ring::scratch_elems(partition{v.size(), static_cast<std::size_t>(p)},
+                                                   sizeof(double), policy::ring_segment_bytes, p));
+  algo::ring::allreduce(c, static_cast<const double*>(v.data()), v.data(), v.size(), op::max{},
+                        policy::ring_segment_bytes, o.tag, ws.data());
+  if (v[7] != 0) {
+    if (parse_error) throw error(parse_error->op(), r, -1, parse_error->reason());
+    throw error("GRADSYNC_ALGO", r, -1, "malformed on another rank");
+  }
+  require(v[5] == -v[6], "GRADSYNC_ALGO", r, "differs between ranks (this rank: '" + spec + "')");
+  cost_model m;
+  m.local = {v[0], v[1], v[4]};
+  m.global = groups.count() > 1 ? link_cost{v[2], v[3], v[4]} : m.local;
+  return selector(m, std::move(table));
+}
+
+} // namespace gradsync
