@@ -283,7 +283,8 @@ TEST_CASE("a count that differs between ranks fails every rank instead of hangin
 // as several messages. One transfer of 1 GiB + 3 bytes each way checks the
 // split at the MPI level: gradsync's send is received by two plain MPI
 // receives (1 GiB, then 3 bytes), and two plain MPI sends by one gradsync
-// receive. Needs 1 GiB per process, so it runs on 2 ranks only.
+// receive. Needs 1 GiB per process, so it runs on 2 ranks only; it costs
+// about 6 s of CPU over both processes (3-4 s wall on an idle 2-core machine).
 TEST_CASE("transfers above mpi_max_message_bytes are split into int-sized messages") {
   auto c = make_comm();
   if (c.size() != 2) {
@@ -330,4 +331,21 @@ TEST_CASE("transfers above mpi_max_message_bytes are split into int-sized messag
     MPI_Send(buf.data(), static_cast<int>(chunk), MPI_BYTE, 0, tag, c.native());
     MPI_Send(buf.data() + chunk, 3, MPI_BYTE, 0, tag, c.native());
   }
+}
+
+// Self-checks of the MPI test main, skipped in normal runs; meson runs them
+// with --no-skip and expects the job to fail (should_fail), within seconds.
+// 1. A test case that throws on one rank aborts every rank: the other rank,
+//    waiting in a barrier the thrower never joins, must not hang.
+TEST_CASE("harness self-check: an exception on one rank aborts the job" * doctest::skip()) {
+  auto c = make_comm();
+  c.set_timeout(std::chrono::minutes(5)); // only the abort can end rank 0's wait within meson's 60 s
+  if (c.rank() == 1) throw std::runtime_error("deliberate failure on rank 1");
+  barrier(c);
+}
+// 2. A failed CHECK on one rank makes every rank's exit status non-zero.
+TEST_CASE("harness self-check: a failed check on one rank fails the job" * doctest::skip()) {
+  auto c = make_comm();
+  CHECK(c.rank() != 1);
+  barrier(c);
 }
