@@ -659,6 +659,44 @@ TEST_CASE("shm_direct: allreduce on 1..4 ranks, every path, in and out of place"
   }
 }
 
+TEST_CASE("shm_direct: reduce_scatter and allgather on 1..4 ranks, in and out of place") {
+  namespace sd = gradsync::algo::shm_direct;
+  const std::size_t big = gradsync::policy::shm_arena_bytes / sizeof(float) + 7; // several rounds
+  for (int p = 1; p <= 4; ++p) {
+    CAPTURE(p);
+    auto res = spawn(p, [&](communicator& c) {
+      const int r = c.rank();
+      const auto P = static_cast<std::size_t>(p), R = static_cast<std::size_t>(r);
+      const int tri = p * (p + 1) / 2;
+      for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{1000}, big}) {
+        const std::string at = " (block " + std::to_string(n) + ")";
+        std::vector<float> in(n * P), out(n);
+        for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>((r + 1) * static_cast<int>(i % 9 + 1));
+        sd::reduce_scatter(c, in.data(), out.data(), n, gradsync::op::sum{});
+        for (std::size_t i = 0; i < n; ++i)
+          expect(out[i] == static_cast<float>(tri * static_cast<int>((R * n + i) % 9 + 1)), "reduce_scatter" + at);
+        // in place: the result lands on block r of the input
+        sd::reduce_scatter(c, in.data(), in.data() + R * n, n, gradsync::op::max{});
+        for (std::size_t i = 0; i < n; ++i)
+          expect(in[R * n + i] == static_cast<float>(p * static_cast<int>((R * n + i) % 9 + 1)), "in-place reduce_scatter" + at);
+        std::vector<std::int32_t> mine(n), all(n * P, -1);
+        for (std::size_t i = 0; i < n; ++i) mine[i] = r * 1'000'000 + static_cast<int>(i);
+        sd::allgather(c, mine.data(), all.data(), n);
+        for (std::size_t q = 0; q < P; ++q)
+          for (std::size_t i = 0; i < n; ++i)
+            expect(all[q * n + i] == static_cast<int>(q) * 1'000'000 + static_cast<int>(i), "allgather" + at);
+        std::fill(all.begin(), all.end(), -1);
+        std::copy(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(R * n));
+        sd::allgather(c, all.data() + R * n, all.data(), n); // in place
+        for (std::size_t q = 0; q < P; ++q)
+          for (std::size_t i = 0; i < n; ++i)
+            expect(all[q * n + i] == static_cast<int>(q) * 1'000'000 + static_cast<int>(i), "in-place allgather" + at);
+      }
+    }, 90s);
+    check_all_ok(res);
+  }
+}
+
 TEST_CASE("shm_direct: ranks that disagree on the call all fail with an error naming both") {
   auto res = spawn(3, [](communicator& c) {
     const std::size_t n = c.rank() == 1 ? 1000 : 999;

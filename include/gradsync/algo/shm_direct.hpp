@@ -1,5 +1,5 @@
-// gradsync: allreduce straight out of shared memory, for transports that
-// expose a collective arena (transport/shm.hpp). No messages: every rank
+// gradsync: allreduce, reduce-scatter and allgather straight out of shared
+// memory, for transports that expose a collective arena (transport/shm.hpp). No messages: every rank
 // stages its input once, reduces its 1/p share reading every peer's staged
 // copy in place, and copies the other shares' results out of the owners'
 // arenas. Per rank that is one copy in, one pass of reduction and one copy
@@ -16,6 +16,9 @@
 // A half is rewritten only after every rank drained it two rounds earlier.
 // Small buffers take one round in which every rank reduces the whole buffer
 // from all staged copies (one synchronisation instead of two).
+//
+// Reduce-scatter is the first half of that (one synchronisation per round),
+// allgather the second (each rank stages its block, every rank copies all).
 //
 // Determinism: every element is reduced as op(...op(x0, x1)..., x(p-1)) in
 // rank order, by one rank (large) or identically by all (small), so all ranks
@@ -57,12 +60,18 @@ namespace detail {
 
 enum counter : int { copied = 0, reduced = 1, drained = 2 };
 
+// Which collective a call is (part of its signature).
+enum class call : std::uint64_t { allreduce = 0, reduce_scatter = 1, allgather = 2 };
+inline const char* call_name(std::uint64_t k) {
+  return k == 1 ? "reduce_scatter" : k == 2 ? "allgather" : "allreduce";
+}
+
 // What a call is, packed so that ranks can compare calls: count (48 bits),
-// dtype and operator.
-template <element T, reduce_op Op> std::uint64_t signature(std::size_t count) {
+// dtype, operator and collective.
+template <element T> std::uint64_t signature(call k, std::size_t count, op_kind o) {
   return (static_cast<std::uint64_t>(count) & ((std::uint64_t{1} << 48) - 1)) |
-         static_cast<std::uint64_t>(dtype_traits<T>::id) << 48 |
-         static_cast<std::uint64_t>(Op::kind) << 56;
+         static_cast<std::uint64_t>(dtype_traits<T>::id) << 48 | static_cast<std::uint64_t>(o) << 56 |
+         static_cast<std::uint64_t>(k) << 60;
 }
 
 // The reduction runs on chunks this large (bytes: half of L1), so that all
@@ -92,8 +101,8 @@ template <element T, reduce_op Op> void combine_wide(T* out, const T* a, const T
 }
 
 inline std::string describe(std::uint64_t sig) {
-  return "count " + std::to_string(sig & ((std::uint64_t{1} << 48) - 1)) + ", dtype " +
-         std::to_string((sig >> 48) & 0xff) + ", op " + std::to_string(sig >> 56);
+  return std::string(call_name(sig >> 60)) + " of count " + std::to_string(sig & ((std::uint64_t{1} << 48) - 1)) +
+         ", dtype " + std::to_string((sig >> 48) & 0xff) + ", op " + std::to_string((sig >> 56) & 0xf);
 }
 
 // Every rank must run the same call: otherwise fail every rank now (the
@@ -105,16 +114,64 @@ template <arena_transport C> void check_signatures(C& c, int h, std::uint64_t mi
     const std::string why = "ranks disagree on the call: rank " + std::to_string(c.rank()) + " has " +
                             describe(mine) + ", rank " + std::to_string(q) + " has " + describe(theirs);
     c.abort(why);
-    throw error("allreduce", c.rank(), q, why);
+    throw error(call_name(mine >> 60), c.rank(), q, why);
+  }
+}
+
+// One arena round shared by every collective here: waits until half e%2 is
+// free again, publishes the call's signature, runs `stage_in` (writes this
+// rank's arena), then publishes `copied` and waits for every rank's.
+template <arena_transport C, class StageIn>
+void open_round(C& c, std::uint64_t e, std::uint64_t sig, const char* name, StageIn stage_in) {
+  if (e > 2) c.arena_await(drained, e - 2, name);
+  c.arena_signature(c.rank(), static_cast<int>(e & 1)).store(sig, std::memory_order_relaxed);
+  stage_in();
+  c.arena_post(copied, e);
+  c.arena_await(copied, e, name);
+  check_signatures(c, static_cast<int>(e & 1), sig);
+}
+
+// Copies results to the caller's memory; for outputs of at least
+// policy::shm_stream_out_bytes with streaming stores (they would not stay in
+// cache anyway, and skip reading lines about to be overwritten).
+template <arena_transport C, class T> void to_out(const C& c, bool stream, T* dst, const T* src, std::size_t n) {
+  if (stream) c.arena_copy(reinterpret_cast<std::byte*>(dst), reinterpret_cast<const std::byte*>(src), n * sizeof(T));
+  else copy_elems(dst, src, n);
+}
+
+// Half of the arena in bytes (a multiple of the share alignment).
+template <arena_transport C> std::size_t half_bytes(const C& c) {
+  return c.arena_bytes() / 2 / policy::shm_arena_align * policy::shm_arena_align;
+}
+// Rank q's half e%2 as T.
+template <class T, arena_transport C> T* stage(const C& c, int q, std::uint64_t e) {
+  return reinterpret_cast<T*>(c.arena(q) + (e & 1) * half_bytes(c));
+}
+// Largest share <= cap elements for `count` elements over `parts` ranks, a
+// multiple of the alignment when it can be.
+template <class T> std::size_t share(std::size_t count, std::size_t parts, std::size_t cap) {
+  const std::size_t align = std::max<std::size_t>(1, policy::shm_arena_align / sizeof(T));
+  const std::size_t per = (count + parts - 1) / parts;
+  std::size_t s = std::min(cap / parts, (per + align - 1) / align * align);
+  s = std::max<std::size_t>(1, s / align * align);
+  return std::min(s, std::max<std::size_t>(1, cap / parts));
+}
+
+// acc[0, m) = op over ranks q in order of src(q)[0, m), finalized, handed to
+// `sink(acc_offset, acc, len)` an L1-sized piece at a time.
+template <element T, reduce_op Op, class Src, class Sink>
+void reduce_pieces(int p, std::size_t m, Op op, Src src, Sink sink) {
+  for (std::size_t k = 0; k < m; k += chunk_elems<T>) {
+    alignas(64) T acc[chunk_elems<T>];
+    const std::size_t len = std::min(chunk_elems<T>, m - k);
+    combine_wide(acc, src(0) + k, src(1) + k, len, op);
+    for (int q = 2; q < p; ++q) combine_wide(acc, static_cast<const T*>(acc), src(q) + k, len, op);
+    finalize(acc, len, op, p);
+    sink(k, static_cast<const T*>(acc), len);
   }
 }
 
 } // namespace detail
-
-/// Elements one arena half holds for T.
-template <arena_transport C, element T> std::size_t half_elems(const C& c) {
-  return c.arena_bytes() / 2 / sizeof(T);
-}
 
 /// Allreduce of `count` elements from `in` into `out` (may be equal) through
 /// the arena. Every rank must call it with the same count, type and operator
@@ -127,92 +184,132 @@ void allreduce(C& c, const T* in, T* out, std::size_t count, Op op) {
     finalize(out, count, op, p);
     return;
   }
-  const std::size_t half_bytes = c.arena_bytes() / 2 / policy::shm_arena_align * policy::shm_arena_align;
-  const std::size_t cap = half_bytes / sizeof(T);
-  require(cap >= static_cast<std::size_t>(p), "allreduce", r, "shm arena too small for this rank count");
-  const std::uint64_t sig = detail::signature<T, Op>(count);
+  using namespace detail;
+  const char* name = "allreduce";
+  const std::size_t cap = half_bytes(c) / sizeof(T);
+  require(cap >= static_cast<std::size_t>(p), name, r, "shm arena too small for this rank count");
+  const std::uint64_t sig = signature<T>(call::allreduce, count, Op::kind);
   std::uint64_t& epoch = c.arena_epoch();
-  auto stage = [&](int q, std::uint64_t e) {
-    return reinterpret_cast<T*>(c.arena(q) + (e & 1) * half_bytes);
-  };
-  auto begin_round = [&](std::uint64_t e) {
-    if (e > 2) c.arena_await(detail::drained, e - 2, "allreduce"); // half free again
-    c.arena_signature(r, static_cast<int>(e & 1)).store(sig, std::memory_order_relaxed);
+  auto to_arena = [&](T* dst, const T* src, std::size_t n) {
+    c.arena_copy(reinterpret_cast<std::byte*>(dst), reinterpret_cast<const std::byte*>(src), n * sizeof(T));
   };
 
   if (count * sizeof(T) <= policy::shm_direct_small_bytes && count <= cap) {
     const std::uint64_t e = ++epoch;
-    begin_round(e);
-    c.arena_copy(reinterpret_cast<std::byte*>(stage(r, e)), reinterpret_cast<const std::byte*>(in), count * sizeof(T));
-    c.arena_post(detail::copied, e);
-    c.arena_await(detail::copied, e, "allreduce");
-    detail::check_signatures(c, static_cast<int>(e & 1), sig);
+    open_round(c, e, sig, name, [&] { to_arena(stage<T>(c, r, e), in, count); });
     // Everyone reduces everything, in rank order, from the staged copies
     // (never from `in`, which may be `out`).
-    detail::combine_wide(out, static_cast<const T*>(stage(0, e)), static_cast<const T*>(stage(1, e)), count, op);
-    for (int q = 2; q < p; ++q)
-      detail::combine_wide(out, static_cast<const T*>(out), static_cast<const T*>(stage(q, e)), count, op);
+    auto src = [&](int q) { return static_cast<const T*>(stage<T>(c, q, e)); };
+    combine_wide(out, src(0), src(1), count, op);
+    for (int q = 2; q < p; ++q) combine_wide(out, static_cast<const T*>(out), src(q), count, op);
     finalize(out, count, op, p);
-    c.arena_post(detail::drained, e);
+    c.arena_post(drained, e);
     return;
   }
 
-  // Shares of a round: `shard` elements each (a multiple of the alignment),
-  // the last round's shares clipped.
-  const std::size_t align = std::max<std::size_t>(1, policy::shm_arena_align / sizeof(T));
+  // Rounds of p shares of `sh` elements (the last round's clipped).
   const auto P = static_cast<std::size_t>(p);
-  const std::size_t per_rank = (count + P - 1) / P;
-  std::size_t shard = std::min(cap / P, (per_rank + align - 1) / align * align);
-  shard = std::max<std::size_t>(1, shard / align * align);
-  if (shard * P > cap) shard = cap / P;
+  const std::size_t sh = share<T>(count, P, cap);
   auto part = [&](std::size_t base, int q, std::size_t& off) {
-    off = base + static_cast<std::size_t>(q) * shard;
-    return off >= count ? std::size_t{0} : std::min(shard, count - off);
+    off = base + static_cast<std::size_t>(q) * sh;
+    return off >= count ? std::size_t{0} : std::min(sh, count - off);
   };
-  auto to_arena = [&](T* dst, const T* src, std::size_t n) {
-    c.arena_copy(reinterpret_cast<std::byte*>(dst), reinterpret_cast<const std::byte*>(src), n * sizeof(T));
-  };
-  // Results too big to stay in cache go to `out` with streaming stores too
-  // (no read-for-ownership of lines about to be overwritten).
-  const bool stream_out = count * sizeof(T) >= policy::shm_stream_out_bytes;
-  auto to_out = [&](T* dst, const T* src, std::size_t n) {
-    if (stream_out) to_arena(dst, src, n);
-    else std::memcpy(dst, src, n * sizeof(T));
-  };
-  for (std::size_t base = 0; base < count; base += shard * P) {
+  const bool stream = count * sizeof(T) >= policy::shm_stream_out_bytes;
+  for (std::size_t base = 0; base < count; base += sh * P) {
     const std::uint64_t e = ++epoch;
-    const int h = static_cast<int>(e & 1);
-    begin_round(e);
-    T* mine = stage(r, e);
+    T* mine = stage<T>(c, r, e);
     std::size_t off;
-    for (int q = 0; q < p; ++q)
-      if (q != r)
-        if (const std::size_t n = part(base, q, off)) to_arena(mine + (off - base), in + off, n);
-    c.arena_post(detail::copied, e);
-
-    c.arena_await(detail::copied, e, "allreduce");
-    detail::check_signatures(c, h, sig);
-    // My share, a cache-resident chunk at a time: all p-1 combine passes in
-    // `acc`, then out to `out` and to my arena, where the peers read it.
-    // (In place, my share of `in` is fully read before it is overwritten.)
+    open_round(c, e, sig, name, [&] {
+      for (int q = 0; q < p; ++q)
+        if (q != r)
+          if (const std::size_t n = part(base, q, off)) to_arena(mine + (off - base), in + off, n);
+    });
+    // My share: into `out` and into my arena, where the peers read it. (In
+    // place, each piece of my share of `in` is read before it is overwritten.)
     const std::size_t n = part(base, r, off);
-    for (std::size_t k = 0; k < n; k += detail::chunk_elems<T>) {
-      alignas(64) T acc[detail::chunk_elems<T>];
-      const std::size_t m = std::min(detail::chunk_elems<T>, n - k), at = off + k;
-      auto src = [&](int q) { return q == r ? in + at : static_cast<const T*>(stage(q, e) + (at - base)); };
-      detail::combine_wide(acc, src(0), src(1), m, op);
-      for (int q = 2; q < p; ++q) detail::combine_wide(acc, static_cast<const T*>(acc), src(q), m, op);
-      finalize(acc, m, op, p);
-      to_out(out + at, acc, m);
-      to_arena(mine + (at - base), acc, m);
-    }
-    c.arena_post(detail::reduced, e);
+    reduce_pieces<T>(
+        p, n, op,
+        [&](int q) { return q == r ? in + off : static_cast<const T*>(stage<T>(c, q, e) + (off - base)); },
+        [&](std::size_t k, const T* acc, std::size_t len) {
+          to_out(c, stream, out + off + k, acc, len);
+          to_arena(mine + (off - base) + k, acc, len);
+        });
+    c.arena_post(reduced, e);
 
-    c.arena_await(detail::reduced, e, "allreduce");
+    c.arena_await(reduced, e, name);
     for (int q = 0; q < p; ++q)
       if (q != r)
-        if (const std::size_t m = part(base, q, off)) to_out(out + off, stage(q, e) + (off - base), m);
-    c.arena_post(detail::drained, e);
+        if (const std::size_t m = part(base, q, off))
+          to_out(c, stream, out + off, static_cast<const T*>(stage<T>(c, q, e) + (off - base)), m);
+    c.arena_post(drained, e);
+  }
+}
+
+/// Reduce-scatter through the arena: `in` holds size() blocks of `n`
+/// elements; block r of the reduction (in rank order, like allreduce) goes to
+/// `out` on rank r, which may alias block r of `in`. One synchronisation per
+/// round instead of p-1 ring steps.
+template <arena_transport C, element T, reduce_op Op>
+void reduce_scatter(C& c, const T* in, T* out, std::size_t n, Op op) {
+  const int p = c.size(), r = c.rank();
+  if (p == 1 || n == 0) {
+    copy_elems(out, in, n);
+    finalize(out, n, op, p);
+    return;
+  }
+  using namespace detail;
+  const char* name = "reduce_scatter";
+  const auto P = static_cast<std::size_t>(p), R = static_cast<std::size_t>(r);
+  const std::size_t cap = half_bytes(c) / sizeof(T);
+  require(cap >= P, name, r, "shm arena too small for this rank count");
+  const std::uint64_t sig = signature<T>(call::reduce_scatter, n, Op::kind);
+  const std::size_t sh = share<T>(n * P, P, cap); // piece of every block per round
+  const bool stream = n * P * sizeof(T) >= policy::shm_stream_out_bytes;
+  std::uint64_t& epoch = c.arena_epoch();
+  for (std::size_t k = 0; k < n; k += sh) {
+    const std::uint64_t e = ++epoch;
+    const std::size_t m = std::min(sh, n - k);
+    T* mine = stage<T>(c, r, e);
+    open_round(c, e, sig, name, [&] {
+      for (std::size_t q = 0; q < P; ++q)
+        if (q != R)
+          c.arena_copy(reinterpret_cast<std::byte*>(mine + q * sh), reinterpret_cast<const std::byte*>(in + q * n + k),
+                       m * sizeof(T));
+    });
+    reduce_pieces<T>(
+        p, m, op,
+        [&](int q) { return q == r ? in + R * n + k : static_cast<const T*>(stage<T>(c, q, e) + R * sh); },
+        [&](std::size_t j, const T* acc, std::size_t len) { to_out(c, stream, out + k + j, acc, len); });
+    c.arena_post(drained, e);
+  }
+}
+
+/// Allgather through the arena: rank q's `n` elements of `in` land in block q
+/// of `out` (size() blocks) on every rank; `in` may alias block r of `out`.
+template <arena_transport C, element T> void allgather(C& c, const T* in, T* out, std::size_t n) {
+  const int p = c.size(), r = c.rank();
+  const auto R = static_cast<std::size_t>(r);
+  if (p == 1 || n == 0) {
+    copy_elems(out + R * n, in, n);
+    return;
+  }
+  using namespace detail;
+  const char* name = "allgather";
+  const std::size_t cap = half_bytes(c) / sizeof(T);
+  const std::uint64_t sig = signature<T>(call::allgather, n, op_kind::sum);
+  const bool stream = n * static_cast<std::size_t>(p) * sizeof(T) >= policy::shm_stream_out_bytes;
+  std::uint64_t& epoch = c.arena_epoch();
+  copy_elems(out + R * n, in, n);
+  for (std::size_t k = 0; k < n; k += cap) {
+    const std::uint64_t e = ++epoch;
+    const std::size_t m = std::min(cap, n - k);
+    open_round(c, e, sig, name, [&] {
+      c.arena_copy(reinterpret_cast<std::byte*>(stage<T>(c, r, e)), reinterpret_cast<const std::byte*>(in + k),
+                   m * sizeof(T));
+    });
+    for (int q = 0; q < p; ++q)
+      if (q != r) to_out(c, stream, out + static_cast<std::size_t>(q) * n + k, static_cast<const T*>(stage<T>(c, q, e)), m);
+    c.arena_post(drained, e);
   }
 }
 
