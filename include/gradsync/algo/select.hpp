@@ -268,7 +268,9 @@ public:
     double cost = std::numeric_limits<double>::infinity();
     for (auto a : {algorithm::ring, algorithm::tree, algorithm::dbtree, algorithm::rd,
                    algorithm::rabenseifner, algorithm::twod, algorithm::hier})
-      if (const double c = model_.allreduce(a, bytes, t, seg); c < cost) {
+      // a later candidate must be cheaper beyond rounding (e.g. 2d and
+      // rabenseifner cost exactly the same on 4 ranks)
+      if (const double c = model_.allreduce(a, bytes, t, seg); c < cost * (1 - 1e-9)) {
         best = a;
         cost = c;
       }

@@ -32,10 +32,17 @@ inline constexpr int tag_span = 2 * level_tag_shift;
 
 /// Default alpha-beta-gamma model of algo/select.hpp (seconds per message,
 /// per byte sent, per byte reduced), used when no calibrated selector is
-/// passed. PROVISIONAL: to be replaced by measured values.
-inline constexpr double model_alpha = 5e-6;
-inline constexpr double model_beta = 1e-10;
-inline constexpr double model_gamma = 2e-10;
+/// passed. Measured with calibrate() on 8 inproc ranks on the 2-core CI
+/// machine (6 runs, under load from parallel builds): alpha 4.06..5.23 us,
+/// beta 2.24..3.38e-11 s/B (~40 GB/s memcpy), gamma 2.45..4.2e-11 s/B (float
+/// sum); medians below. With them the model switches from rd to rabenseifner
+/// between 32 and 256 KiB on 8 ranks, where the timed schedules cross too
+/// (rd 0.11 ms vs rabenseifner 0.15 ms at 32 KiB, 0.39 vs 0.28 ms at 256 KiB;
+/// docs/algorithms.md has the full table). Local and global levels share
+/// them: without calibration there is no evidence the levels differ.
+inline constexpr double model_alpha = 4.2e-6;
+inline constexpr double model_beta = 2.4e-11;
+inline constexpr double model_gamma = 3.3e-11;
 
 /// calibrate(): round trips timed per link (the large message gets a quarter
 /// as many) and the large message / reduce-kernel buffer size.
