@@ -82,6 +82,10 @@ static_assert((shm_ring_bytes & (shm_ring_bytes - 1)) == 0 && (shm_min_ring_byte
 /// 2 cores progressing (the shm suite runs 4-rank collectives that way).
 inline constexpr unsigned shm_spin_polls = 2000;
 inline constexpr unsigned shm_yield_polls = 200;
+/// ... and at least this long (unless oversubscribed): MPI libraries poll
+/// without end; yielding early lets busy neighbours on a shared machine take
+/// the core for a whole time slice.
+inline constexpr std::chrono::microseconds shm_spin_time{1000};
 /// Spinning when a group has more ranks than the machine has cores: 4 ranks
 /// on the 2 cores, 8 B allreduce: 89 us with 2000 polls, 6.7 us with 20.
 inline constexpr unsigned shm_oversubscribed_spin_polls = 20;

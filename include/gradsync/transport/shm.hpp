@@ -581,20 +581,27 @@ private:
     using clock = std::chrono::steady_clock;
     const auto start = clock::now();
     auto next_check = start + policy::shm_liveness_interval;
-    unsigned idle = 0;
+    unsigned idle = 0, yields = 0;
+    bool spun = false;
+    clock::time_point spin_end{};
     auto& me = seg_->slot(rank_);
     while (!done()) {
       if (progress()) {
-        idle = 0;
+        idle = yields = 0;
+        spun = false;
         continue;
       }
       if (done()) break;
-      ++idle;
-      if (idle < spin_polls_) {
-        cpu_relax();
-        continue;
+      if (!spun) { // spin for spin_polls_ polls and, unless oversubscribed, spin_time_
+        if (idle++ == 0 && spin_time_.count() > 0) spin_end = clock::now() + spin_time_;
+        if (idle < spin_polls_ || (spin_time_.count() > 0 && ((idle & 255u) != 0 || clock::now() < spin_end))) {
+          cpu_relax();
+          continue;
+        }
+        spun = true;
       }
-      if (idle < spin_polls_ + policy::shm_yield_polls) {
+      if (yields < policy::shm_yield_polls) {
+        ++yields;
         sched_yield();
         continue;
       }
@@ -613,7 +620,7 @@ private:
         futex_wait(me.bell, v,
                    std::chrono::duration_cast<std::chrono::microseconds>(policy::shm_liveness_interval));
       me.sleeping.store(0, std::memory_order_relaxed);
-      idle = spin_polls_; // woken: yield-poll, do not spin
+      yields = 0; // woken: yield-poll, do not spin
     }
   }
 
@@ -970,9 +977,9 @@ private:
   std::string broken_reason_;
   std::size_t frame_ = std::min(policy::shm_frame_bytes, ring_ / 4); // >= 2 frames in flight
   // More ranks than cores: a spinning rank only delays the peer it waits for.
-  unsigned spin_polls_ = static_cast<unsigned>(size_) > std::max(1u, std::thread::hardware_concurrency())
-                             ? policy::shm_oversubscribed_spin_polls
-                             : policy::shm_spin_polls;
+  bool oversubscribed_ = static_cast<unsigned>(size_) > std::max(1u, std::thread::hardware_concurrency());
+  unsigned spin_polls_ = oversubscribed_ ? policy::shm_oversubscribed_spin_polls : policy::shm_spin_polls;
+  std::chrono::microseconds spin_time_ = oversubscribed_ ? std::chrono::microseconds{0} : policy::shm_spin_time;
 };
 
 // Registers `rank` in an attached segment and waits until every rank has;
