@@ -104,6 +104,19 @@ template <class F> decltype(auto) dispatch_bits(unsigned bits, F&& f) {
 /// The statistic K of one block (host reference; kernels reduce their own way
 /// and may differ in the last bits). NaN when the block is not finite.
 template <scale_kind K, float_element T> float block_scale(const T* x, std::size_t len) {
+  if constexpr (K == scale_kind::absmax) {
+    // The max of the |x| bit patterns: for non-negative floats the bits order
+    // like the values, and every NaN or Inf pattern is >= 0x7f800000, so one
+    // integer max (which vectorises; a float max with a NaN check does not)
+    // gives both max|x| and the poisoned-block test, with identical results.
+    std::uint32_t m = 0;
+    for (std::size_t i = 0; i < len; ++i) {
+      const std::uint32_t a = gradsync::detail::float_bits(to_float(x[i])) & 0x7fffffffu;
+      m = a > m ? a : m;
+    }
+    return m >= 0x7f800000u ? std::numeric_limits<float>::quiet_NaN()
+                            : gradsync::detail::bits_float(m);
+  }
   float amax = 0.0f;
   double sum = 0.0; // l1 or l2^2; cannot overflow: (3.4e38)^2 * 2^24 << DBL_MAX
   bool bad = false;
