@@ -130,6 +130,15 @@ inline constexpr double approx_topk_candidate_factor = 2.0;
 /// replaced by a fresh random direction.
 inline constexpr float powersgd_dependence_tol = 1e-4f;
 
+/// CUDA codec kernels (compress/cuda/*.cuh): threads per block of the
+/// block-per-codec-block kernels, and resident blocks per multiprocessor a
+/// grid-stride kernel is sized for. Not yet measured on a GPU (no device was
+/// available when they were written): 256 threads and 4 blocks per SM are
+/// CUB's usual choices for memory-bound kernels on sm_90; tune with
+/// tests/gpu/run.sh and record the numbers here.
+inline constexpr unsigned cuda_block_threads = 256;
+inline constexpr unsigned cuda_blocks_per_sm = 4;
+
 // ---- quantisers (compress/int8.hpp, int4.hpp, sign.hpp, terngrad.hpp, qsgd.hpp) ----
 
 /// Default elements per scale of the blockwise quantisers. Measured on the
