@@ -711,6 +711,25 @@ TEST_CASE("shm_direct: ranks that disagree on the call all fail with an error na
   }
 }
 
+TEST_CASE("shm_direct: a rank missing from a collective times the caller out and fails the group") {
+  auto res = spawn(2, [](communicator& c) {
+    std::vector<float> v(100, 1.0f);
+    if (c.rank() == 0) {
+      c.set_timeout(300ms);
+      gradsync::algo::shm_direct::allreduce(c, v.data(), v.data(), v.size(), gradsync::op::sum{});
+    } else {
+      std::vector<std::uint8_t> never(4);
+      c.irecv(wbytes(never), 0, 77).wait(); // rank 0 never sends: must fail, not hang
+    }
+  });
+  CHECK(contains(res[0].message, "timed out"));
+  CHECK(contains(res[1].message, "aborted"));
+  for (auto& o : res) {
+    CHECK(!o.hung);
+    CHECK(o.code == 1);
+  }
+}
+
 TEST_CASE("shm_direct: a rank killed mid-allreduce fails the others") {
   auto res = spawn(3, [](communicator& c) {
     std::vector<float> v(1 << 20, 1.0f);

@@ -558,7 +558,10 @@ public:
     };
     if (reached()) return;
     block(guard, [&] { return guard.done || reached(); });
-    if (!guard.error.empty()) throw error(op, rank_, -1, guard.error);
+    if (guard.error.empty()) return;
+    // The arena's rounds can no longer line up across ranks: fail them all.
+    if (!broken_) break_all("rank " + std::to_string(rank_) + " in " + op + ": " + guard.error, true);
+    throw error(op, rank_, -1, guard.error);
   }
 
   /// Withdraws an abandoned operation so the engine never touches its buffer
