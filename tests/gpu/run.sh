@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Builds and runs the codecs' GPU test + bench (tests/gpu/test_codecs_gpu.cu)
+# on a machine with a CUDA GPU, printing versions, the checks and the GB/s
+# table. Meant to finish in well under 8 minutes on an H100/H200.
+#
+#   tests/gpu/run.sh [BENCH_MiB]        (default 256 MiB of float input)
+#
+# Environment: BUILD (build directory, default /tmp/gradsync-gpu-build; it is
+# recreated), CUDA_HOME (default /usr/local/cuda), REPS (bench repetitions, 20).
+# Uses meson + ninja when they (and doctest, which tests/meson.build needs)
+# are installed, else compiles the one translation unit with nvcc directly,
+# with the same flags as tests/gpu/meson.build.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$root"
+mib=${1:-256}
+build=${BUILD:-/tmp/gradsync-gpu-build}
+cuda_home=${CUDA_HOME:-/usr/local/cuda}
+reps=${REPS:-20}
+export PATH="$cuda_home/bin:$PATH"
+start=$(date +%s)
+
+section() { printf '\n==== %s (%ss)\n' "$1" "$(($(date +%s) - start))"; }
+
+section "versions"
+git rev-parse --short HEAD 2>/dev/null || echo "(not a git checkout)"
+if ! command -v nvcc >/dev/null; then
+  echo "nvcc not found (looked in PATH and $cuda_home/bin)" >&2
+  exit 1
+fi
+nvcc --version | tail -n 2
+"${CXX:-g++}" --version | head -n 1 || true
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv || true
+  nvidia-smi | head -n 15 || true
+else
+  echo "nvidia-smi not found"
+fi
+
+# The flags of tests/gpu/meson.build (keep them in step).
+arch_flags=(-gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_90,code=compute_90 -fmad=false)
+
+have_meson=0
+if command -v meson >/dev/null && command -v ninja >/dev/null &&
+   printf '#include <doctest/doctest.h>\n' | "${CXX:-g++}" -std=c++20 -fsyntax-only -x c++ - 2>/dev/null; then
+  have_meson=1
+fi
+
+rm -rf "$build"
+if [ "$have_meson" = 1 ]; then
+  section "meson $(meson --version), ninja $(ninja --version)"
+  # Only what the GPU test needs: no bench, examples, MPI or NCCL.
+  meson setup "$build" -Dcuda=enabled -Dbench=false -Dexamples=false -Dmpi=disabled \
+    -Dnccl=disabled -Dtests=true >"$build.setup.log" 2>&1 || {
+    cat "$build.setup.log"
+    exit 1
+  }
+  tail -n 8 "$build.setup.log"
+  ninja -C "$build" -j "$(nproc)" tests/gpu/test_codecs_gpu
+  bin="$build/tests/gpu/test_codecs_gpu"
+else
+  section "meson/ninja/doctest missing: building with nvcc directly"
+  mkdir -p "$build"
+  nvcc -std=c++20 -O3 -DNDEBUG "${arch_flags[@]}" -Xcompiler=-Wall,-Wextra -Iinclude \
+    tests/gpu/test_codecs_gpu.cu -o "$build/test_codecs_gpu"
+  bin="$build/test_codecs_gpu"
+fi
+
+section "correctness: device vs host"
+set +e
+timeout 300 "$bin"
+rc=$?
+set -e
+case $rc in
+  0) echo "correctness: PASS" ;;
+  77) echo "correctness: SKIPPED (no CUDA device visible)"; exit 77 ;;
+  *) echo "correctness: FAIL (exit $rc)" ;;
+esac
+
+section "bench: $mib MiB of float input"
+set +e
+timeout 300 "$bin" --bench "$mib" --reps "$reps"
+brc=$?
+set -e
+section "done"
+[ "$rc" = 0 ] && [ "$brc" = 0 ]
