@@ -880,19 +880,20 @@ private:
     for (int q = 0; q < size_; ++q) {
       if (q == rank_) continue;
       auto& sl = seg_->slot(q);
-      const auto st = sl.state.load(std::memory_order_acquire);
+      auto st = sl.state.load(std::memory_order_acquire);
+      if (st != left && !process_alive(sl.pid.load(std::memory_order_relaxed))) {
+        st = sl.state.load(std::memory_order_acquire); // it may have left just before exiting
+        if (st != left) {
+          break_all("rank " + std::to_string(q) + " (pid " + std::to_string(sl.pid.load()) + ") died", true);
+          return;
+        }
+      }
       if (st == left) {
         if (s.peer >= 0 && q != s.peer) continue; // not what we wait for
         progress(); // drain what it wrote before leaving
         if (done()) return;
         break_all("rank " + std::to_string(q) + " left the communicator while rank " +
                       std::to_string(rank_) + " waited for it",
-                  true);
-        return;
-      }
-      if (!process_alive(sl.pid.load(std::memory_order_relaxed))) {
-        break_all("rank " + std::to_string(q) + " (pid " + std::to_string(sl.pid.load()) +
-                      ") died",
                   true);
         return;
       }
@@ -1014,7 +1015,8 @@ inline void join(segment& seg, int rank, int size, const std::function<void()>& 
     }
     for (int q = 0; q < size; ++q) { // a rank that died during setup
       const int pid = seg.slot(q).pid.load();
-      if (pid != 0 && !process_alive(pid)) {
+      // (the last rank may finish setup, run and exit before we look again)
+      if (pid != 0 && !process_alive(pid) && h.unlinked.load(std::memory_order_acquire) == 0) {
         ::shm_unlink(seg.name().c_str());
         if (cleanup) cleanup();
         throw error("shm.attach", rank, q, "rank " + std::to_string(q) + " died during setup");
