@@ -50,7 +50,9 @@ GRADSYNC_HD inline std::uint16_t float_to_half_bits(float f) {
   const std::int32_t a = static_cast<std::int32_t>(x & 0x7fffffffu); // |f| bits, so signed compares work
   // Normal half range (>= 2^-14): drop 13 mantissa bits, rounding to nearest
   // even by adding 0xfff plus the lowest kept bit; a carry may bump the exponent.
-  const std::int32_t normal = ((a + 0xfff + ((a >> 13) & 1)) >> 13) - (112 << 10);
+  // (Unsigned: for NaNs near 0x7fffffff the sum would overflow an int32, UB.)
+  const std::uint32_t ua = static_cast<std::uint32_t>(a);
+  const auto normal = static_cast<std::int32_t>(((ua + 0xfffu + ((ua >> 13) & 1u)) >> 13) - (112u << 10));
   // Below 2^-14 (subnormal half or zero): adding 0.5f rounds |f| to a multiple
   // of 2^-24 (the ulp of 0.5) in the FPU's round-to-nearest-even mode; the
   // low bits of the sum are the subnormal half's bits.
