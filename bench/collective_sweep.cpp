@@ -1,0 +1,256 @@
+// gradsync-bench collectives: the timed sweep for one element type (this file
+// is compiled once per type, see bench/meson.build): closed-form inputs and
+// expected results, buffer shapes as nccl-tests counts them, the timed loop,
+// and the checked call.
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+
+#include <gradsync/collectives.hpp>
+
+#include "collective.hpp"
+#include "transports.hpp"
+
+#ifndef GRADSYNC_BENCH_ELEMENT
+#error "compile once per element type with -DGRADSYNC_BENCH_ELEMENT=<type> (see bench/meson.build)"
+#endif
+
+namespace gradsync::bench::coll_bench {
+namespace {
+
+// nccl-tests' bus bandwidth factors: the fraction of the buffer each rank's
+// busiest link must carry in a bandwidth-optimal schedule.
+double bus_factor(coll k, int p) {
+  const double n = p;
+  switch (k) {
+  case coll::allreduce: return 2 * (n - 1) / n;
+  case coll::reduce_scatter:
+  case coll::allgather: return (n - 1) / n;
+  case coll::broadcast:
+  case coll::reduce: break;
+  }
+  return 1;
+}
+
+// Closed-form data. Rank r's element i is a small integer, so every partial
+// sum, product, min, max and mean is exact in every dtype (f16 and bf16
+// included) whatever order an algorithm combines ranks in; the pattern
+// repeats every `period` elements. Products use only values 1 and 2, and at
+// most 10 ranks contribute a 2, so they never overflow.
+constexpr std::size_t period = 33;
+
+long long input_value(int r, std::size_t i, op_kind k) {
+  const auto ur = static_cast<std::size_t>(r);
+  if (k == op_kind::prod) return r < 30 && (i + ur) % 3 == 0 ? 2 : 1;
+  return static_cast<long long>((i * 7 + ur * 3) % 11) - 5;
+}
+
+template <element T> T from_int(long long v) { return narrow<T>(static_cast<accum_t<T>>(v)); }
+template <element T> T sentinel() { return from_int<T>(-99); } // never an expected value
+
+// The reduction over `p` ranks of element i, computed directly from the inputs.
+template <element T> T reduced_value(int p, std::size_t i, op_kind k) {
+  long long acc = input_value(0, i, k);
+  for (int r = 1; r < p; ++r) {
+    const long long v = input_value(r, i, k);
+    switch (k) {
+    case op_kind::prod: acc *= v; break;
+    case op_kind::min: acc = std::min(acc, v); break;
+    case op_kind::max: acc = std::max(acc, v); break;
+    case op_kind::sum:
+    case op_kind::avg: acc += v; break;
+    }
+  }
+  using A = accum_t<T>;
+  if (k == op_kind::avg) return narrow<T>(static_cast<A>(static_cast<A>(acc) / static_cast<A>(p)));
+  return from_int<T>(acc);
+}
+
+// Buffer shapes of one size, as nccl-tests counts them: `bytes` is the
+// per-rank buffer for allreduce, broadcast and reduce, and the total (all
+// blocks) for reduce_scatter's input and allgather's output.
+struct shape {
+  std::size_t in_n = 0, out_n = 0, count = 0, bytes = 0;
+};
+
+shape shape_of(coll k, std::size_t bytes, std::size_t esz, int p) {
+  const std::size_t n = bytes / esz, blk = n / static_cast<std::size_t>(p);
+  shape s;
+  switch (k) {
+  case coll::reduce_scatter: s = {blk * static_cast<std::size_t>(p), blk, blk * static_cast<std::size_t>(p)}; break;
+  case coll::allgather: s = {blk, blk * static_cast<std::size_t>(p), blk * static_cast<std::size_t>(p)}; break;
+  case coll::broadcast: s = {n, 0, n}; break; // in place on the input buffer
+  case coll::allreduce:
+  case coll::reduce: s = {n, n, n}; break;
+  }
+  s.bytes = s.count * esz;
+  return s;
+}
+
+template <element T, transport C>
+std::size_t workspace_bytes(const C& c, coll k, const shape& s, const options& o) {
+  switch (k) {
+  case coll::allreduce: return allreduce_workspace_bytes<T>(c, s.in_n, o);
+  case coll::reduce_scatter: return reduce_scatter_workspace_bytes<T>(c, s.out_n, o);
+  case coll::reduce: return reduce_workspace_bytes<T>(c, s.in_n, o);
+  // Queries a schedule of these may add later are picked up when they exist.
+  case coll::allgather:
+    if constexpr (requires { allgather_workspace_bytes<T>(c, s.in_n, o); })
+      return allgather_workspace_bytes<T>(c, s.in_n, o);
+    break;
+  case coll::broadcast:
+    if constexpr (requires { broadcast_workspace_bytes<T>(c, s.in_n, o); })
+      return broadcast_workspace_bytes<T>(c, s.in_n, o);
+    break;
+  }
+  return 0;
+}
+
+// One call of the collective under test.
+template <transport C, element T, reduce_op Op>
+void invoke(C& c, coll k, const algo_choice& a, const options& o, T* in, T* out, const shape& s) {
+  const std::span<const T> cin(in, s.in_n);
+  const std::span<T> cout(out, s.out_n);
+#if defined(GRADSYNC_BENCH_MPI)
+  if constexpr (std::is_same_v<C, mpi::communicator>) {
+    if (a.native) {
+      switch (k) {
+      case coll::allreduce: mpi::native::allreduce<T>(c, cin, cout, Op{}); return;
+      case coll::reduce_scatter: mpi::native::reduce_scatter<T>(c, cin, cout, Op{}); return;
+      case coll::allgather: mpi::native::allgather<T>(c, cin, cout); return;
+      case coll::broadcast: mpi::native::broadcast<T>(c, std::span<T>(in, s.in_n), root); return;
+      case coll::reduce:
+        mpi::native::reduce<T>(c, cin, c.rank() == root ? cout : std::span<T>{}, root, Op{});
+        return;
+      }
+    }
+  }
+#endif
+  require(!a.native, "bench", c.rank(), "-a native needs the MPI transport");
+  switch (k) {
+  case coll::allreduce: allreduce<C, T, Op>(c, cin, cout, Op{}, o); return;
+  case coll::reduce_scatter: reduce_scatter<C, T, Op>(c, cin, cout, Op{}, o); return;
+  case coll::allgather: allgather<C, T>(c, cin, cout, o); return;
+  case coll::broadcast: broadcast<C, T>(c, std::span<T>(in, s.in_n), root, o); return;
+  case coll::reduce: reduce<C, T, Op>(c, cin, c.rank() == root ? cout : std::span<T>{}, root, Op{}, o); return;
+  }
+}
+
+// Initial contents: inputs of the closed form; broadcast's buffer holds the
+// data at the root and the sentinel elsewhere.
+template <element T> void fill_input(coll k, T* in, const shape& s, int r, op_kind op) {
+  const op_kind gen = reduces(k) ? op : op_kind::sum;
+  T pat[period];
+  for (std::size_t i = 0; i < period; ++i) pat[i] = from_int<T>(input_value(r, i, gen));
+  if (k == coll::broadcast && r != root) {
+    std::fill_n(in, s.in_n, sentinel<T>());
+    return;
+  }
+  for (std::size_t i = 0; i < s.in_n; ++i) in[i] = pat[i % period];
+}
+
+// Wrong elements of this rank's result after one call on poisoned output.
+template <element T>
+long long count_wrong(coll k, const T* in, const T* out, const shape& s, int r, int p, op_kind op) {
+  auto differs = [](T got, T want) { return !(widen(got) == widen(want)); };
+  long long wrong = 0;
+  if (reduces(k)) {
+    T want[period];
+    for (std::size_t i = 0; i < period; ++i) want[i] = reduced_value<T>(p, i, op);
+    std::size_t first = 0, n = s.out_n; // global index of out[0]; elements to check
+    if (k == coll::reduce_scatter) first = s.out_n * static_cast<std::size_t>(r);
+    if (k == coll::reduce && r != root) n = 0;
+    for (std::size_t i = 0; i < n; ++i) wrong += differs(out[i], want[(first + i) % period]);
+    return wrong;
+  }
+  const std::size_t blk = s.in_n; // allgather: one block per rank; broadcast: the buffer
+  const T* got = k == coll::allgather ? out : in;
+  const int blocks = k == coll::allgather ? p : 1;
+  for (int b = 0; b < blocks; ++b) {
+    const int src = k == coll::allgather ? b : root;
+    T want[period];
+    for (std::size_t i = 0; i < period; ++i) want[i] = from_int<T>(input_value(src, i, op_kind::sum));
+    const T* g = got + blk * static_cast<std::size_t>(b);
+    for (std::size_t i = 0; i < blk; ++i) wrong += differs(g[i], want[i % period]);
+  }
+  return wrong;
+}
+
+// Mean seconds per call, the maximum over ranks (the slowest rank bounds a
+// training step), after a barrier.
+template <transport C, class F> double time_calls(C& c, F& call, const iteration_plan& pl) {
+  barrier(c);
+  for (int i = 0; i < pl.warmup; ++i) call();
+  barrier(c);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < pl.iters; ++i) call();
+  double mean = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / pl.iters;
+  allreduce(c, std::span<double>(&mean, 1), op::max{});
+  return mean;
+}
+
+template <transport C, element T, reduce_op Op>
+std::int64_t sweep_op(C& c, const config& cfg, report& rep) {
+  const int p = c.size(), r = c.rank();
+  const std::string op_label = reduces(cfg.kind) ? std::string(Op::name) : "none";
+  std::int64_t total_wrong = 0;
+  std::size_t last_bytes = 0;
+  for (const std::size_t bytes : cfg.sizes) {
+    const shape s = shape_of(cfg.kind, bytes, sizeof(T), p);
+    if (s.count == 0 || s.bytes == last_bytes) continue; // rounded to nothing, or to the previous size
+    last_bytes = s.bytes;
+    buffer inb(s.in_n * sizeof(T)), outb(s.out_n * sizeof(T));
+    T* in = inb.as<T>();
+    T* out = outb.as<T>();
+    std::size_t ws_bytes = 0; // one workspace per size, fitting every algorithm
+    for (const auto& a : cfg.algos)
+      if (!a.native)
+        ws_bytes = std::max(ws_bytes, workspace_bytes<T>(c, cfg.kind, s,
+                                                         options{.algo = a.a, .segment_bytes = cfg.segment_bytes}));
+    buffer ws(ws_bytes);
+    const iteration_plan plan = plan_iterations(s.bytes, cfg.iters, cfg.warmup);
+    for (const auto& a : cfg.algos) {
+      const options o{.algo = a.a,
+                      .segment_bytes = cfg.segment_bytes,
+                      .workspace = std::span<std::byte>(ws.data(), ws.size())};
+      auto call = [&] { invoke<C, T, Op>(c, cfg.kind, a, o, in, out, s); };
+      fill_input<T>(cfg.kind, in, s, r, cfg.op);
+      const double sec = time_calls(c, call, plan);
+      std::int64_t wrong = -1;
+      if (cfg.check) {
+        fill_input<T>(cfg.kind, in, s, r, cfg.op);
+        std::fill_n(out, s.out_n, sentinel<T>());
+        call();
+        if (cfg.inject && r == 0) { // proves the checker: exactly one element per row is wrong
+          T* victim = cfg.kind == coll::broadcast ? in : out;
+          victim[0] = cfg.kind == coll::broadcast ? sentinel<T>() : from_int<T>(-98);
+        }
+        wrong = count_wrong<T>(cfg.kind, in, out, s, r, p, cfg.op);
+        allreduce(c, std::span<std::int64_t>(&wrong, 1), op::sum{});
+        total_wrong += wrong;
+      }
+      const double algbw = static_cast<double>(s.bytes) / sec / 1e9;
+      rep.add(row{cfg.name, cfg.transport, p, a.name, std::string(dtype_name(cfg.dt)), op_label, s.bytes,
+                  s.count, sec * 1e6, algbw, algbw * bus_factor(cfg.kind, p), wrong});
+    }
+  }
+  return total_wrong;
+}
+
+} // namespace
+
+template <class C, class T> std::int64_t sweep(C& c, const config& cfg, report& rep) {
+  if (!reduces(cfg.kind)) return sweep_op<C, T, op::sum>(c, cfg, rep);
+  return dispatch_op(cfg.op, [&](auto o) { return sweep_op<C, T, decltype(o)>(c, cfg, rep); });
+}
+
+#define GRADSYNC_BENCH_INSTANTIATE(C) \
+  template std::int64_t sweep<C, GRADSYNC_BENCH_ELEMENT>(C&, const config&, report&);
+GRADSYNC_BENCH_COMMUNICATORS(GRADSYNC_BENCH_INSTANTIATE)
+#undef GRADSYNC_BENCH_INSTANTIATE
+
+} // namespace gradsync::bench::coll_bench

@@ -1,0 +1,127 @@
+// gradsync-bench: what every subcommand shares: byte-size arguments, the size
+// sweep and its iteration plan, aligned buffers, the memcpy bandwidth limit,
+// and the report (nccl-tests style table on stdout, JSON lines to a file).
+#pragma once
+
+#include <cstddef>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+namespace gradsync::bench {
+
+/// Parses a byte count: digits with an optional binary suffix K, M or G
+/// (optionally followed by "iB" or "B"): "8", "256K", "64M", "1GiB".
+/// Throws std::invalid_argument naming `what` on anything else or overflow.
+std::size_t parse_bytes(std::string_view s, std::string_view what);
+
+/// "64 MiB", "8 B", "1.5 KiB": a byte count for humans.
+std::string human_bytes(std::size_t b);
+
+/// Sizes of a sweep: min, min*factor, ... up to max (max itself is included
+/// even when the factor steps over it).
+std::vector<std::size_t> size_sweep(std::size_t min, std::size_t max, std::size_t factor);
+
+/// The sweep options every subcommand takes (-b -e -f -n -w --json).
+struct sweep_options {
+  std::string min = "8", max = "64M";
+  std::size_t factor = 2;
+  int iters = 0;  ///< 0: auto (plan_iterations)
+  int warmup = -1; ///< -1: auto
+  std::string json;
+
+  /// Registers the options on `app`.
+  void add_to(CLI::App& app);
+  /// The parsed size list (validated; throws std::invalid_argument).
+  std::vector<std::size_t> sizes() const;
+};
+
+/// Timed and warm-up iterations for one size.
+struct iteration_plan {
+  int iters, warmup;
+};
+
+/// Data volume one size may move in its timed loop when the iteration count
+/// is automatic: large sizes run fewer iterations so a full sweep stays short.
+inline constexpr std::size_t iteration_budget_bytes = std::size_t{1} << 30;
+/// Iterations of small sizes when the count is automatic (latency needs many).
+inline constexpr int default_max_iters = 200;
+/// Fewest timed iterations an automatic plan runs, however large the size.
+inline constexpr int min_auto_iters = 5;
+
+/// Plan for a message of `bytes`: `iters` > 0 is taken as given; 0 means
+/// iteration_budget_bytes / bytes, clamped to [min_auto_iters,
+/// default_max_iters]. `warmup` >= 0 is taken as given; -1 means a fifth of
+/// the iterations, at least 1.
+iteration_plan plan_iterations(std::size_t bytes, int iters, int warmup);
+
+/// Heap memory aligned to a cache line (and so to every element type).
+class buffer {
+public:
+  buffer() = default;
+  explicit buffer(std::size_t bytes);
+  std::byte* data() const noexcept { return p_.get(); }
+  std::size_t size() const noexcept { return n_; }
+  template <class T> T* as() const noexcept { return reinterpret_cast<T*>(p_.get()); }
+
+private:
+  struct del {
+    void operator()(std::byte* p) const noexcept;
+  };
+  std::unique_ptr<std::byte[], del> p_;
+  std::size_t n_ = 0;
+};
+
+/// Single-thread memcpy bandwidth: the best of `reps` copies of `bytes`
+/// between two pre-faulted buffers (the ceiling of an in-process transport,
+/// which moves every byte with one memcpy).
+struct memcpy_limit {
+  std::size_t bytes = 0;
+  double seconds = 0; ///< best time of one copy
+  double gbs() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
+};
+memcpy_limit measure_memcpy(std::size_t bytes = std::size_t{64} << 20, int reps = 5);
+
+/// One result line.
+struct row {
+  std::string collective, transport;
+  int ranks = 0;
+  std::string algo, dtype, op;
+  std::size_t bytes = 0, count = 0;
+  double time_us = 0, algbw_gbs = 0, busbw_gbs = 0;
+  long long wrong = -1; ///< -1: not checked
+};
+
+/// Rank 0's output: the table on stdout and, with a path, one JSON object per
+/// row in that file (truncated when opened). Other ranks construct it with
+/// `active` false and it does nothing.
+class report {
+public:
+  report(bool active, const std::string& json_path);
+  ~report();
+  report(const report&) = delete;
+  report& operator=(const report&) = delete;
+
+  bool active() const noexcept { return active_; }
+  /// A comment line ("# " + text).
+  void note(const std::string& text);
+  /// The column header.
+  void header();
+  /// A table row (and its JSON line).
+  void add(const row& r);
+  /// The memcpy limit as a table row (algo "limit", JSON too), then, per
+  /// algorithm, its busbw at the largest size as a fraction of the limit and
+  /// its average busbw over all sizes.
+  void finish(const memcpy_limit& lim, const row& like);
+
+private:
+  bool active_;
+  std::FILE* json_ = nullptr;
+  std::vector<row> rows_;
+};
+
+} // namespace gradsync::bench

@@ -1,0 +1,21 @@
+// gradsync-bench: the subcommand registry. Each subcommand lives in its own
+// source file as `int NAME_main(std::string_view subcommand, int argc, char** argv)`
+// (argv[0] is the subcommand name, the options follow) and is registered here
+// with ONE line: X(name on the command line, function, one-line summary).
+// Add its source file to bench/meson.build.
+#pragma once
+
+#include <string_view>
+
+#define GRADSYNC_BENCH_SUBCOMMANDS(X)                                                              \
+  X("allreduce", collective_main, "allreduce: every rank gets the reduction (busbw 2(n-1)/n)")     \
+  X("reduce_scatter", collective_main, "reduce-scatter: rank r gets block r (busbw (n-1)/n)")      \
+  X("allgather", collective_main, "allgather: every rank gets every block (busbw (n-1)/n)")        \
+  X("broadcast", collective_main, "broadcast from rank 0 (busbw 1)")                               \
+  X("reduce", collective_main, "reduce to rank 0 (busbw 1)")
+
+namespace gradsync::bench {
+#define GRADSYNC_BENCH_DECLARE(name, fn, summary) int fn(std::string_view, int, char**);
+GRADSYNC_BENCH_SUBCOMMANDS(GRADSYNC_BENCH_DECLARE)
+#undef GRADSYNC_BENCH_DECLARE
+} // namespace gradsync::bench
