@@ -382,18 +382,18 @@ TEST_CASE("shm: a receive nobody matches times out with an error") {
 }
 
 TEST_CASE("shm: a rank killed mid-transfer fails the others with an error naming it") {
-  // Rank 2 starts a transfer larger than the ring to rank 0 and is SIGKILLed
-  // half way; rank 0 waits on that receive, rank 1 on rank 0.
+  // Rank 2 starts a transfer larger than the ring to rank 0 (at most a ring's
+  // worth gets written, as nobody drains it yet) and is SIGKILLed; rank 0
+  // then waits on that receive, rank 1 on rank 0.
   const std::size_t n = 8 * gradsync::policy::shm_ring_bytes;
   const auto t0 = std::chrono::steady_clock::now();
   auto res = spawn(3, [&](communicator& c) {
     std::vector<std::uint8_t> v(n, 1);
     if (c.rank() == 2) {
       auto s = c.isend(cbytes(v), 0, 5);
-      std::this_thread::sleep_for(50ms);
-      s.test();
       ::raise(SIGKILL);
     } else if (c.rank() == 0) {
+      std::this_thread::sleep_for(100ms);
       c.irecv(wbytes(v), 2, 5).wait();
     } else {
       c.irecv(wbytes(v), 0, 6).wait();

@@ -913,6 +913,7 @@ private:
   // a partly written send finishes from a private copy of its remaining bytes
   // (the receiver counts on them), so detaching never blocks.
   void detach(op_state& s) {
+    if (s.peer < 0) return; // an arena wait: no buffer involved
     const auto same = [&](const op_ptr& p) { return p.get() == &s; };
     if (s.is_send) {
       auto& o = out_[idx(s.peer)];
