@@ -202,6 +202,13 @@ void reduce_scatter(C& c, std::type_identity_t<std::span<const T>> in, std::span
   }
   switch (o.algo) {
   case algorithm::automatic:
+  case algorithm::direct: // over shared memory: through the arena (faster at every size)
+    if constexpr (algo::shm_direct::arena_transport<C>) {
+      return algo::shm_direct::reduce_scatter(c, in.data(), own, n, op);
+    } else if (o.algo == algorithm::direct) {
+      detail::unsupported(name, r, o.algo);
+    }
+    [[fallthrough]];
   case algorithm::ring: {
     algo::scratch<T> ws(o.workspace, reduce_scatter_workspace_bytes<T>(c, n, o) / sizeof(T), name, r);
     algo::ring::reduce_scatter(c, in.data(), own, partition{n * p, p}, op,
@@ -231,6 +238,13 @@ void allgather(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> o
   if (n != 0 && own != in.data()) detail::check_alias(in, out, name, r);
   switch (o.algo) {
   case algorithm::automatic:
+  case algorithm::direct: // over shared memory: through the arena
+    if constexpr (algo::shm_direct::arena_transport<C>) {
+      return algo::shm_direct::allgather(c, in.data(), out.data(), n);
+    } else if (o.algo == algorithm::direct) {
+      detail::unsupported(name, r, o.algo);
+    }
+    [[fallthrough]];
   case algorithm::ring:
     copy_elems(own, in.data(), n);
     algo::ring::allgather(c, out.data(), partition{n * p, p}, detail::segment_bytes(o), o.tag);
