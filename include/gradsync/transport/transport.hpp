@@ -22,8 +22,10 @@ concept completion = std::movable<R> && requires(R r) {
 /// ranges by nonblocking send/receive. Messages between one pair of ranks with
 /// one tag are matched in the order they were posted (MPI's non-overtaking
 /// rule). A receive must be posted with exactly the size of the matching
-/// send; a mismatch fails both sides with an error naming the two sizes.
-/// Buffers must stay valid and unmodified until the operation completes.
+/// send; a mismatch fails the receive (inproc and shm: both sides) with an
+/// error naming the sizes. Buffers must stay valid and unmodified until the
+/// operation completes. After a collective has failed on a communicator,
+/// discard the communicator: unmatched messages of the failed call may remain.
 template <class C>
 concept transport = requires(C& c, std::span<const std::byte> s, std::span<std::byte> d,
                              int peer, int tag) {
