@@ -12,7 +12,8 @@
   X("reduce_scatter", collective_main, "reduce-scatter: rank r gets block r (busbw (n-1)/n)")      \
   X("allgather", collective_main, "allgather: every rank gets every block (busbw (n-1)/n)")        \
   X("broadcast", collective_main, "broadcast from rank 0 (busbw 1)")                               \
-  X("reduce", collective_main, "reduce to rank 0 (busbw 1)")
+  X("reduce", collective_main, "reduce to rank 0 (busbw 1)")                                      \
+  X("compress", compress_main, "gradient codecs: encode/decode GB/s, ratio, error vs memcpy")
 
 namespace gradsync::bench {
 #define GRADSYNC_BENCH_DECLARE(name, fn, summary) int fn(std::string_view, int, char**);
