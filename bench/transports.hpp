@@ -31,6 +31,9 @@
 #include <unistd.h>
 
 #include <gradsync/transport/shm.hpp>
+#if defined(GRADSYNC_BENCH_MPI)
+#include <gradsync/transport/shm_mpi.hpp>
+#endif
 #endif
 
 // The communicator types compiled in, as an X-macro list (the sweeps are
@@ -123,6 +126,23 @@ template <class Body> void run_mpi(int, Body& body) {
 // private directory. A failing child exits non-zero (its peers see it die);
 // if rank 0 fails, it terminates the children it started.
 template <class Body> void run_shm(int ranks, Body& body) {
+#if defined(GRADSYNC_BENCH_MPI)
+  // Under mpiexec the ranks are the MPI processes; MPI only carries the rendezvous.
+  if (under_mpiexec()) {
+    mpi::session s;
+    try {
+      auto c = shm::from_mpi(MPI_COMM_WORLD);
+      body(c);
+    } catch (const std::exception& e) {
+      int r = -1;
+      MPI_Comm_rank(MPI_COMM_WORLD, &r);
+      std::fprintf(stderr, "gradsync-bench: rank %d: %s\n", r, e.what());
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    return;
+  }
+#endif
   char tmpl[] = "/tmp/gradsync-bench-XXXXXX";
   if (!::mkdtemp(tmpl)) throw error("bench.shm", 0, -1, "cannot create a rendezvous directory in /tmp");
   const std::filesystem::path dir = tmpl;

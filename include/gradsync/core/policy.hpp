@@ -108,28 +108,6 @@ inline constexpr std::size_t shm_direct_small_bytes = std::size_t{16} << 10;
 /// from 4 MiB 6.7/5.9/5.8, from 16 MiB 6.7/5.4/5.5, never 7.0/5.0/4.7 GB/s.
 inline constexpr std::size_t shm_stream_out_bytes = std::size_t{8} << 20;
 
-// ---- sparsifiers and PowerSGD (compress/approx_topk.hpp, compress/powersgd.hpp) ----
-
-/// approx_topk draws enough samples that about this many land above the target
-/// quantile; the candidate count then has a relative spread near
-/// 1/sqrt(hits * overshoot) = 7.8 %. Measured in tests/compress/test_approx_topk.cpp
-/// (Gaussian and heavy-tailed inputs, n = 2^20, densities 0.1 % .. 10 %).
-inline constexpr std::size_t approx_topk_sample_hits = 128;
-/// Smallest approx_topk sample (small tensors: a few thousand reads cost nothing).
-inline constexpr std::size_t approx_topk_min_sample = 1024;
-/// The sampled threshold aims at overshoot * k candidates, so the count falls
-/// below k (sending fewer than k) only past 1/overshoot = -3.3 sigma.
-inline constexpr double approx_topk_overshoot = 1.3;
-/// Candidate slots per target entry; more candidates (+13 sigma) fall back to
-/// an exact whole-tensor select.
-inline constexpr double approx_topk_candidate_factor = 2.0;
-
-/// PowerSGD orthogonalisation: a column whose norm after projecting out the
-/// previous columns (twice) is below this fraction of its original norm is
-/// numerically dependent (float rounding leaves ~1e-6 relative) and is
-/// replaced by a fresh random direction.
-inline constexpr float powersgd_dependence_tol = 1e-4f;
-
 /// CUDA codec kernels (compress/cuda/*.cuh): threads per block of the
 /// block-per-codec-block kernels, and resident blocks per multiprocessor a
 /// grid-stride kernel is sized for. Not yet measured on a GPU (no device was
@@ -163,5 +141,27 @@ inline constexpr std::uint32_t terngrad_block = 256;
 inline constexpr std::uint32_t qsgd_bucket = 128;
 /// qsgd levels: 7 is the most that fits 4-bit sign-magnitude codes.
 inline constexpr std::uint16_t qsgd_levels = 7;
+
+// ---- sparsifiers and PowerSGD (compress/approx_topk.hpp, compress/powersgd.hpp) ----
+
+/// approx_topk draws enough samples that about this many land above the target
+/// quantile; the candidate count then has a relative spread near
+/// 1/sqrt(hits * overshoot) = 7.8 %. Measured in tests/compress/test_approx_topk.cpp
+/// (Gaussian and heavy-tailed inputs, n = 2^20, densities 0.1 % .. 10 %).
+inline constexpr std::size_t approx_topk_sample_hits = 128;
+/// Smallest approx_topk sample (small tensors: a few thousand reads cost nothing).
+inline constexpr std::size_t approx_topk_min_sample = 1024;
+/// The sampled threshold aims at overshoot * k candidates, so the count falls
+/// below k (sending fewer than k) only past 1/overshoot = -3.3 sigma.
+inline constexpr double approx_topk_overshoot = 1.3;
+/// Candidate slots per target entry; more candidates (+13 sigma) fall back to
+/// an exact whole-tensor select.
+inline constexpr double approx_topk_candidate_factor = 2.0;
+
+/// PowerSGD orthogonalisation: a column whose norm after projecting out the
+/// previous columns (twice) is below this fraction of its original norm is
+/// numerically dependent (float rounding leaves ~1e-6 relative) and is
+/// replaced by a fresh random direction.
+inline constexpr float powersgd_dependence_tol = 1e-4f;
 
 } // namespace gradsync::policy
