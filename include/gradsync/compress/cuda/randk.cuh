@@ -157,6 +157,9 @@ std::size_t encode(const randomk<T>& c, std::span<const T> in, stream_state& st,
   const std::uint32_t key = c.shared_indices ? randomk_shared_key : st.rank;
   wire::check(c.shared_indices || st.rank != randomk_shared_key, op,
               "rank 0xffffffff is reserved for shared indices");
+  // The device payload does not carry the unscaled flag yet: refuse rather
+  // than emit a payload the host would decode scaled by n/k.
+  wire::check(c.unbiased, op, "unbiased = false is not supported by the device path yet");
   const auto step = static_cast<std::uint32_t>(st.step);
   ++st.step;
   const std::uint64_t seed = st.seed;
