@@ -106,10 +106,11 @@ template <class Body> void run_inproc(int ranks, Body& body) {
 #if defined(GRADSYNC_BENCH_MPI)
 // Ranks are the processes of MPI_COMM_WORLD. A failing rank aborts the job:
 // its peers may be blocked in a collective it will never join.
-template <class Body> void run_mpi(int, Body& body) {
+// Runs body(make()) on this MPI process; a failure reports and aborts the job.
+template <class Make, class Body> void run_mpi_process(Make make, Body& body) {
   mpi::session s;
   try {
-    auto c = s.world();
+    auto c = make();
     body(c);
   } catch (const std::exception& e) {
     int r = -1;
@@ -118,6 +119,10 @@ template <class Body> void run_mpi(int, Body& body) {
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
+}
+
+template <class Body> void run_mpi(int, Body& body) {
+  run_mpi_process([] { return mpi::communicator(MPI_COMM_WORLD); }, body);
 }
 #endif
 
@@ -128,20 +133,7 @@ template <class Body> void run_mpi(int, Body& body) {
 template <class Body> void run_shm(int ranks, Body& body) {
 #if defined(GRADSYNC_BENCH_MPI)
   // Under mpiexec the ranks are the MPI processes; MPI only carries the rendezvous.
-  if (under_mpiexec()) {
-    mpi::session s;
-    try {
-      auto c = shm::from_mpi(MPI_COMM_WORLD);
-      body(c);
-    } catch (const std::exception& e) {
-      int r = -1;
-      MPI_Comm_rank(MPI_COMM_WORLD, &r);
-      std::fprintf(stderr, "gradsync-bench: rank %d: %s\n", r, e.what());
-      std::fflush(stderr);
-      MPI_Abort(MPI_COMM_WORLD, 1);
-    }
-    return;
-  }
+  if (under_mpiexec()) return run_mpi_process([] { return shm::from_mpi(MPI_COMM_WORLD); }, body);
 #endif
   char tmpl[] = "/tmp/gradsync-bench-XXXXXX";
   if (!::mkdtemp(tmpl)) throw error("bench.shm", 0, -1, "cannot create a rendezvous directory in /tmp");
