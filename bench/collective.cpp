@@ -75,6 +75,8 @@ template <transport C> std::int64_t run_rank(C& c, const config& cfg) {
   barrier(c);
   if (c.rank() == 0) lim = measure_memcpy();
   barrier(c);
+  // One calibration per run, on every rank: `auto` and the model column use it.
+  const selector sel = calibrate(c, cfg.group_size);
   const auto& sz = cfg.sizes;
   rep.note("gradsync-bench " + cfg.name + "  transport " + cfg.transport + "  ranks " + std::to_string(c.size()) +
            "  dtype " + std::string(dtype_name(cfg.dt)) + "  op " +
@@ -87,10 +89,15 @@ template <transport C> std::int64_t run_rank(C& c, const config& cfg) {
                                 human_bytes(iteration_budget_bytes / default_max_iters) + ", >= " +
                                 std::to_string(min_auto_iters) + ")") +
            "  warmup " + (cfg.warmup >= 0 ? std::to_string(cfg.warmup) : "auto (iterations / 5)") +
-           "  time = max over ranks of the mean per call");
+           "  time = max over ranks of the mean per call" +
+           (cfg.group_size > 0 ? "  group size " + std::to_string(cfg.group_size) : std::string()));
+  const cost_model& m = sel.model();
+  rep.calibration({{"local_alpha", m.local.alpha}, {"local_beta", m.local.beta}, {"local_gamma", m.local.gamma},
+                   {"global_alpha", m.global.alpha}, {"global_beta", m.global.beta},
+                   {"global_gamma", m.global.gamma}, {"arena_copy", m.arena.copy}, {"arena_sync", m.arena.sync}});
   rep.header();
   const std::int64_t wrong =
-      dispatch_dtype(cfg.dt, [&](auto t) { return sweep<C, decltype(t)>(c, cfg, rep); });
+      dispatch_dtype(cfg.dt, [&](auto t) { return sweep<C, decltype(t)>(c, cfg, sel, rep); });
   row like;
   like.collective = cfg.name;
   like.transport = cfg.transport;
@@ -142,6 +149,11 @@ int collective_main(std::string_view name, int argc, char** argv) {
   std::string segment = "0";
   app.add_option("--segment", segment, "pipeline segment in bytes (K/M suffixes; 0: policy::ring_segment_bytes)")
       ->capture_default_str();
+  app.add_option("--group-size", cfg.group_size,
+                 "ranks per group: options::group_size (hier's groups, 2d's rows) and calibrate()'s groups "
+                 "(0: the transport's nodes)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   sweep_options sw;
   sw.add_to(app);
   app.add_flag("--inject-error", cfg.inject, "corrupt one result element on rank 0 (tests the checker)")

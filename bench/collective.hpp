@@ -42,15 +42,18 @@ struct config {
   std::vector<std::size_t> sizes;
   int iters = 0, warmup = -1;
   std::size_t segment_bytes = 0; ///< options::segment_bytes (0: policy default)
+  int group_size = 0;            ///< options::group_size and calibrate's groups (0: the transport's nodes)
   bool check = true;
   bool inject = false; ///< corrupt one element on rank 0 per row (tests the checker)
   std::string json;
 };
 
 /// The whole sweep on one rank of `c` with elements of type T: one row per
-/// size and algorithm into `rep`. Returns the number of wrong elements over
-/// all ranks (0 when not checking). Defined, and explicitly instantiated for
-/// each compiled-in communicator, in collective_sweep.cpp.
-template <class C, class T> std::int64_t sweep(C& c, const config& cfg, report& rep);
+/// size and algorithm into `rep`, every call with options::select = &sel
+/// (the calibrated selector), every row with that model's prediction.
+/// Returns the number of wrong elements over all ranks (0 when not
+/// checking). Defined, and explicitly instantiated for each compiled-in
+/// communicator, in collective_sweep.cpp.
+template <class C, class T> std::int64_t sweep(C& c, const config& cfg, const selector& sel, report& rep);
 
 } // namespace gradsync::bench::coll_bench

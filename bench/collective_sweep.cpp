@@ -4,8 +4,10 @@
 // and the checked call.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -110,6 +112,39 @@ std::size_t workspace_bytes(const C& c, coll k, const shape& s, const options& o
   return 0;
 }
 
+// What a row ran and the calibrated model's time for it, from the library's
+// own choice functions (what `automatic` resolves to is what ran).
+struct prediction {
+  std::string picked;           // empty for native
+  std::optional<double> micros; // none: native, or the model has no formula
+};
+
+template <element T, transport C>
+prediction predict(const C& c, coll k, const algo_choice& a, const options& o, const shape& s, const selector& sel) {
+  if (a.native) return {};
+  const std::size_t seg = ::gradsync::detail::segment_bytes(o);
+  auto us = [](double sec) { return std::isfinite(sec) ? std::optional<double>(sec * 1e6) : std::nullopt; };
+  switch (k) {
+  case coll::allreduce: {
+    const algorithm x = allreduce_algorithm<T>(c, s.in_n, o);
+    return {std::string(algorithm_name(x)), us(sel.model().allreduce(x, s.bytes, topology_of(c, o), seg))};
+  }
+  case coll::broadcast:
+  case coll::reduce: {
+    const bool red = k == coll::reduce;
+    const algorithm x = ::gradsync::detail::rooted_algorithm(c, s.bytes, red, o);
+    const bool modelled = x == algorithm::tree || x == algorithm::ring; // ring: the pipelined chain
+    return {std::string(algorithm_name(x)),
+            modelled ? us(sel.model().rooted(x, s.bytes, c.size(), red, seg)) : std::nullopt};
+  }
+  case coll::reduce_scatter:
+  case coll::allgather: break; // ring, or the arena over shared memory; no model
+  }
+  algorithm x = o.algo;
+  if (x == algorithm::automatic) x = algo::shm_direct::arena_transport<C> ? algorithm::direct : algorithm::ring;
+  return {std::string(algorithm_name(x)), std::nullopt};
+}
+
 // One call of the collective under test.
 template <transport C, element T, reduce_op Op>
 void invoke(C& c, coll k, const algo_choice& a, const options& o, T* in, T* out, const shape& s) {
@@ -194,7 +229,7 @@ template <transport C, class F> double time_calls(C& c, F& call, const iteration
 }
 
 template <transport C, element T, reduce_op Op>
-std::int64_t sweep_op(C& c, const config& cfg, report& rep) {
+std::int64_t sweep_op(C& c, const config& cfg, const selector& sel, report& rep) {
   const int p = c.size(), r = c.rank();
   const std::string op_label = reduces(cfg.kind) ? std::string(Op::name) : "none";
   std::int64_t total_wrong = 0;
@@ -206,17 +241,22 @@ std::int64_t sweep_op(C& c, const config& cfg, report& rep) {
     buffer inb(s.in_n * sizeof(T)), outb(s.out_n * sizeof(T));
     T* in = inb.as<T>();
     T* out = outb.as<T>();
+    // Every call, and the workspace query, sees the calibrated selector.
+    auto options_for = [&](const algo_choice& a, std::span<std::byte> workspace) {
+      return options{.algo = a.a,
+                     .segment_bytes = cfg.segment_bytes,
+                     .workspace = workspace,
+                     .select = &sel,
+                     .group_size = cfg.group_size};
+    };
     std::size_t ws_bytes = 0; // one workspace per size, fitting every algorithm
     for (const auto& a : cfg.algos)
-      if (!a.native)
-        ws_bytes = std::max(ws_bytes, workspace_bytes<T>(c, cfg.kind, s,
-                                                         options{.algo = a.a, .segment_bytes = cfg.segment_bytes}));
+      if (!a.native) ws_bytes = std::max(ws_bytes, workspace_bytes<T>(c, cfg.kind, s, options_for(a, {})));
     buffer ws(ws_bytes);
     const iteration_plan plan = plan_iterations(s.bytes, cfg.iters, cfg.warmup);
     for (const auto& a : cfg.algos) {
-      const options o{.algo = a.a,
-                      .segment_bytes = cfg.segment_bytes,
-                      .workspace = std::span<std::byte>(ws.data(), ws.size())};
+      const options o = options_for(a, std::span<std::byte>(ws.data(), ws.size()));
+      const prediction pred = predict<T>(c, cfg.kind, a, o, s, sel);
       auto call = [&] { invoke<C, T, Op>(c, cfg.kind, a, o, in, out, s); };
       fill_input<T>(cfg.kind, in, s, r, cfg.op);
       const double sec = time_calls(c, call, plan);
@@ -235,7 +275,7 @@ std::int64_t sweep_op(C& c, const config& cfg, report& rep) {
       }
       const double algbw = static_cast<double>(s.bytes) / sec / 1e9;
       rep.add(row{cfg.name, cfg.transport, p, a.name, std::string(dtype_name(cfg.dt)), op_label, s.bytes,
-                  s.count, sec * 1e6, algbw, algbw * bus_factor(cfg.kind, p), wrong});
+                  s.count, sec * 1e6, algbw, algbw * bus_factor(cfg.kind, p), wrong, pred.micros, pred.picked});
     }
   }
   return total_wrong;
@@ -243,13 +283,13 @@ std::int64_t sweep_op(C& c, const config& cfg, report& rep) {
 
 } // namespace
 
-template <class C, class T> std::int64_t sweep(C& c, const config& cfg, report& rep) {
-  if (!reduces(cfg.kind)) return sweep_op<C, T, op::sum>(c, cfg, rep);
-  return dispatch_op(cfg.op, [&](auto o) { return sweep_op<C, T, decltype(o)>(c, cfg, rep); });
+template <class C, class T> std::int64_t sweep(C& c, const config& cfg, const selector& sel, report& rep) {
+  if (!reduces(cfg.kind)) return sweep_op<C, T, op::sum>(c, cfg, sel, rep);
+  return dispatch_op(cfg.op, [&](auto o) { return sweep_op<C, T, decltype(o)>(c, cfg, sel, rep); });
 }
 
 #define GRADSYNC_BENCH_INSTANTIATE(C) \
-  template std::int64_t sweep<C, GRADSYNC_BENCH_ELEMENT>(C&, const config&, report&);
+  template std::int64_t sweep<C, GRADSYNC_BENCH_ELEMENT>(C&, const config&, const selector&, report&);
 GRADSYNC_BENCH_COMMUNICATORS(GRADSYNC_BENCH_INSTANTIATE)
 #undef GRADSYNC_BENCH_INSTANTIATE
 

@@ -131,7 +131,7 @@ memcpy_limit measure_memcpy(std::size_t bytes, int reps) {
 }
 
 namespace {
-constexpr const char* row_format = "%12s %12s %6s %6s %14s %12s %12s %12s %8s\n";
+constexpr const char* row_format = "%12s %12s %6s %6s %18s %12s %12s %12s %12s %8s\n";
 
 std::string fixed(double v, int prec) {
   char b[64];
@@ -139,10 +139,15 @@ std::string fixed(double v, int prec) {
   return b;
 }
 
+// The algo column: "auto>ring" when automatic ran something else by name.
+std::string algo_label(const row& r) {
+  return r.picked.empty() || r.picked == r.algo ? r.algo : r.algo + ">" + r.picked;
+}
+
 void print_row(const row& r, const std::string& count, const std::string& wrong) {
-  std::printf(row_format, std::to_string(r.bytes).c_str(), count.c_str(), r.dtype.c_str(),
-              r.op.c_str(), r.algo.c_str(), fixed(r.time_us, 2).c_str(), fixed(r.algbw_gbs, 2).c_str(),
-              fixed(r.busbw_gbs, 2).c_str(), wrong.c_str());
+  std::printf(row_format, std::to_string(r.bytes).c_str(), count.c_str(), r.dtype.c_str(), r.op.c_str(),
+              algo_label(r).c_str(), fixed(r.time_us, 2).c_str(), r.model_us ? fixed(*r.model_us, 2).c_str() : "-",
+              fixed(r.algbw_gbs, 2).c_str(), fixed(r.busbw_gbs, 2).c_str(), wrong.c_str());
 }
 } // namespace
 
@@ -162,11 +167,22 @@ void report::note(const std::string& text) {
   std::fflush(stdout);
 }
 
+void report::calibration(const model_params& params) {
+  calibration_ = params;
+  std::string text = "model (calibrated; seconds, seconds per byte):";
+  for (const auto& [k, v] : params) {
+    char b[96];
+    std::snprintf(b, sizeof b, " %s %.3g", k.c_str(), v);
+    text += b;
+  }
+  note(text);
+}
+
 void report::header() {
   if (!active_) return;
   std::printf("#\n");
-  std::printf(row_format, "#       size", "count", "type", "redop", "algo", "time(us)", "algbw(GB/s)",
-              "busbw(GB/s)", "#wrong");
+  std::printf(row_format, "#       size", "count", "type", "redop", "algo", "time(us)", "model(us)",
+              "algbw(GB/s)", "busbw(GB/s)", "#wrong");
   std::fflush(stdout);
 }
 
@@ -181,6 +197,13 @@ void report::add(const row& r) {
                         {"bytes", r.bytes},           {"count", r.count},         {"time_us", r.time_us},
                         {"algbw_gbs", r.algbw_gbs},   {"busbw_gbs", r.busbw_gbs}, {"wrong", nullptr}};
     if (r.wrong >= 0) j["wrong"] = r.wrong;
+    j["model_us"] = r.model_us ? nlohmann::json(*r.model_us) : nlohmann::json(nullptr);
+    j["picked"] = r.picked.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.picked);
+    if (!calibration_.empty()) {
+      nlohmann::json cal = nlohmann::json::object();
+      for (const auto& [k, v] : calibration_) cal[k] = v;
+      j["calibration"] = cal;
+    }
     std::fprintf(json_, "%s\n", j.dump().c_str());
     std::fflush(json_);
   }

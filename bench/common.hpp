@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -94,7 +95,12 @@ struct row {
   std::size_t bytes = 0, count = 0;
   double time_us = 0, algbw_gbs = 0, busbw_gbs = 0;
   long long wrong = -1; ///< -1: not checked
+  std::optional<double> model_us; ///< the calibrated model's prediction for what ran (none: native, no formula)
+  std::string picked;             ///< the schedule that ran (empty: native, limit)
 };
+
+/// Named model parameters (the calibration), in the order they are given.
+using model_params = std::vector<std::pair<std::string, double>>;
 
 /// Rank 0's output: the table on stdout and, with a path, one JSON object per
 /// row in that file (truncated when opened). Other ranks construct it with
@@ -109,6 +115,9 @@ public:
   bool active() const noexcept { return active_; }
   /// A comment line ("# " + text).
   void note(const std::string& text);
+  /// The calibrated model: printed as a note, and an object "calibration"
+  /// in every JSON line from now on.
+  void calibration(const model_params& params);
   /// The column header.
   void header();
   /// A table row (and its JSON line).
@@ -122,6 +131,7 @@ private:
   bool active_;
   std::FILE* json_ = nullptr;
   std::vector<row> rows_;
+  model_params calibration_;
 };
 
 } // namespace gradsync::bench

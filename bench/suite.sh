@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The bench suite: every collective on the in-process default transport (no
-# launcher needed), then, when MPI is present, gradsync vs MPI's own
-# collectives under `mpiexec -n 2` (mpi and shm transports), then the codecs.
+# launcher needed); every allreduce algorithm beside the calibrated model's
+# prediction and -a auto (8 in-process ranks, and, when MPI is present,
+# `mpiexec -n 2` over the mpi and shm transports with MPI's own collective);
+# gradsync vs MPI's other collectives; the codecs; last, bench/auto_check.py's
+# tables: per size, auto against the best fixed algorithm.
 # Usage: bench/suite.sh [BUILD_DIR]   (tables on stdout; JSON lines in BUILD_DIR/bench-results)
 set -euo pipefail
 build=${1:-build-bench}
@@ -14,12 +17,17 @@ run() { echo; echo "\$ $*"; "$@"; }
 for c in allreduce reduce_scatter allgather broadcast; do
   run "$bench" "$c" -t inproc --ranks 4 -a auto -b 8 -e 64M -f 4 -c 1 --json "$out/inproc-$c.json"
 done
-run "$bench" allreduce -t inproc --ranks 8 -a ring,tree,rd,rabenseifner,auto -b 8 -e 16M -f 16 -c 1 \
-  --json "$out/inproc8-allreduce.json"
+# 8 threads on few cores: large sizes with 10 iterations each, or this run alone would take minutes.
+inproc8=(allreduce -t inproc --ranks 8 --group-size 4 -a ring,tree,dbtree,rd,rabenseifner,hier,2d,auto -c 1)
+run "$bench" "${inproc8[@]}" -b 8 -e 256K -f 8 --json "$out/inproc8-allreduce-small.json"
+run "$bench" "${inproc8[@]}" -b 1M -e 16M -f 4 -n 10 -w 2 --json "$out/inproc8-allreduce-large.json"
+checked=("$out"/inproc8-allreduce-small.json "$out"/inproc8-allreduce-large.json)
 
 if command -v mpiexec >/dev/null && "$bench" allreduce --help 2>/dev/null | grep -q mpi; then
-  run mpiexec -n 2 "$bench" allreduce -t mpi -a ring,auto,native -b 8 -e 64M -f 4 -c 1 --json "$out/mpi-allreduce.json"
-  run mpiexec -n 2 "$bench" allreduce -t shm -a auto,ring -b 8 -e 64M -f 4 -c 1 --json "$out/shm-allreduce.json"
+  every=ring,tree,dbtree,rd,rabenseifner,auto
+  run mpiexec -n 2 "$bench" allreduce -t mpi -a "$every,native" -b 8 -e 64M -f 4 -c 1 --json "$out/mpi-allreduce.json"
+  run mpiexec -n 2 "$bench" allreduce -t shm -a "direct,$every" -b 8 -e 64M -f 4 -c 1 --json "$out/shm-allreduce.json"
+  checked+=("$out"/mpi-allreduce.json "$out"/shm-allreduce.json)
   for c in reduce_scatter allgather broadcast; do
     run mpiexec -n 2 "$bench" "$c" -t mpi -a auto,native -b 8 -e 64M -f 16 -c 1 --json "$out/mpi-$c.json"
   done
@@ -28,4 +36,8 @@ fi
 run "$bench" compress -z fp16 -z bf16 -z int8 -z int4 -z sign -z qsgd -z terngrad \
   -z topk:density=0.01 -z approx_topk:density=0.01 -z randk:density=0.01 -b 1M -e 64M -f 8 \
   --json "$out/compress.json"
+
+if command -v python3 >/dev/null; then
+  run python3 "$(dirname "$0")/auto_check.py" "${checked[@]}"
+fi
 echo; echo "JSON results in $out"

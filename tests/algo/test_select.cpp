@@ -247,6 +247,8 @@ TEST_CASE("select: calibrate agrees one model on every rank") {
         CHECK(m.local.beta >= 0);
       }
       CHECK(m.local.gamma > 0);
+      CHECK(m.arena.copy > 0);
+      if (p > 1) CHECK(m.arena.sync == m.local.alpha); // inproc has no arena: the local alpha stands in
       if (p > 2) CHECK(m.global.alpha > 0);
     }
   }
@@ -279,4 +281,24 @@ TEST_CASE("select: broadcast and reduce pick tree or chain by the model") {
         const double chain = (p - 2 + k) * (10e-6 + n / k * (1e-10 + g));
         CHECK(sel.choose_rooted(bytes, p, red, 1 << 18) == (tree < chain ? algorithm::tree : algorithm::ring));
       }
+}
+
+TEST_CASE("select: the shared-memory arena allreduce (direct) by hand") {
+  cost_model m;
+  m.local.gamma = 1e-10;
+  m.arena = {.copy = 2e-10, .sync = 1e-6, .half_bytes = 2 << 20};
+  const topology t{4, 4, 1};
+  // 8 KiB (<= policy::shm_direct_small_bytes): one sync, copy n in, reduce
+  // all p copies: 1e-6 + 8192 * 2e-10 + 3 * 8192 * 1e-10 = 5.0960 us.
+  CHECK(m.allreduce(algorithm::direct, 8192, t, 1 << 18) == doctest::Approx(5.096e-6).epsilon(1e-12));
+  // 8 MiB: 4 rounds of 2 MiB, two syncs each; 2n copied; (p-1)/p n reduced:
+  // 8e-6 + 2 * 8388608 * 2e-10 + 0.75 * 8388608 * 1e-10
+  // = 8e-6 + 3355.4432e-6 + 629.1456e-6 = 3992.5888 us.
+  CHECK(m.allreduce(algorithm::direct, 8 << 20, t, 1 << 18) == doctest::Approx(3992.5888e-6).epsilon(1e-12));
+  // 16 KiB + 1: past the small path, one round.
+  CHECK(m.direct(16385, 4) == doctest::Approx(2e-6 + 2 * 16385 * 2e-10 + 0.75 * 16385 * 1e-10).epsilon(1e-12));
+  CHECK(m.direct(1 << 20, 1) == 0);
+  // The model still never picks direct by itself: the shm dispatch does.
+  const selector sel(m);
+  for (std::size_t b = 8; b < (std::size_t{1} << 30); b *= 8) CHECK(sel.choose(b, t, 1 << 18) != algorithm::direct);
 }

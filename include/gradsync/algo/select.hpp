@@ -8,7 +8,8 @@
 // No hidden global state: the model and the table live in a `selector` value
 // the caller owns and passes through options::select (null: the policy
 // defaults, no table). `calibrate(comm)` builds one collectively: it times a
-// ping-pong and the reduce kernel, reads GRADSYNC_ALGO once, and agrees all
+// ping-pong, the reduce kernel, memcpy and (over shared memory) the arena's
+// synchronisation, reads GRADSYNC_ALGO once, and agrees all
 // of it across ranks, because ranks that chose differently would deadlock.
 #pragma once
 
@@ -19,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <string>
@@ -33,6 +35,7 @@
 #include "options.hpp"
 #include "ring.hpp"
 #include "schedule.hpp"
+#include "shm_direct.hpp"
 
 namespace gradsync {
 
@@ -41,6 +44,18 @@ struct link_cost {
   double alpha = 0; ///< per message: latency plus software overhead
   double beta = 0;  ///< per byte moved over the link
   double gamma = 0; ///< per byte combined by the reduction kernel
+};
+
+/// Costs of the shared-memory arena allreduce (algorithm::direct,
+/// algo/shm_direct.hpp), which sends no messages: it copies through every
+/// rank's arena and synchronises on shared flags. The defaults: copy is
+/// policy::model_beta (the inproc transport's per-byte cost, itself one
+/// memcpy: about 41 GB/s in cache on the CI VM), sync the 8 B direct
+/// allreduce of 2 processes on that VM (0.2 .. 0.6 us, core/policy.hpp).
+struct arena_cost {
+  double copy = policy::model_beta; ///< seconds per byte one core copies (memcpy)
+  double sync = 0.4e-6;             ///< seconds per synchronisation of all ranks (post a flag, await every rank's)
+  double half_bytes = static_cast<double>(policy::shm_arena_bytes / 2); ///< bytes one round stages per rank
 };
 
 /// The communicator as the model sees it: `ranks` ranks in `groups` groups of
@@ -67,6 +82,7 @@ constexpr int grid_row(int p) {
 struct cost_model {
   link_cost local{policy::model_alpha, policy::model_beta, policy::model_gamma};
   link_cost global{policy::model_alpha, policy::model_beta, policy::model_gamma};
+  arena_cost arena{};
 
   /// Link costs flat schedules see: between groups when there are several.
   const link_cost& flat_link(const topology& t) const { return t.groups > 1 ? global : local; }
@@ -116,6 +132,20 @@ struct cost_model {
       if (const double t = flat(a, n, p, l, seg); t < best.second) best = {a, t};
     return best;
   }
+  /// Shared-memory arena allreduce of n bytes on p ranks (the local gamma).
+  /// Up to policy::shm_direct_small_bytes: one round in which every rank
+  /// stages its buffer, synchronises once and reduces all p copies. Larger:
+  /// rounds of half an arena, each copying 2n/rounds per rank (its others'
+  /// shares in, its reduced share out twice, the others' results out),
+  /// reducing its 1/p share and synchronising twice (staged, reduced).
+  double direct(double n, int p) const {
+    if (p <= 1) return 0;
+    const double g = local.gamma;
+    if (n <= static_cast<double>(policy::shm_direct_small_bytes) && n <= arena.half_bytes)
+      return arena.sync + n * arena.copy + (p - 1) * n * g;
+    const double rounds = std::max(1.0, std::ceil(n / arena.half_bytes));
+    return 2 * rounds * arena.sync + 2 * n * arena.copy + (p - 1.0) / p * n * g;
+  }
   /// Predicted seconds of allreduce algorithm `a` (any but automatic) on `t`;
   /// infinity where `a` does not apply (hier without groups, twod below 4 ranks).
   double allreduce(algorithm a, std::size_t bytes, const topology& t, std::size_t seg) const {
@@ -127,6 +157,7 @@ struct cost_model {
       return t.groups > 1 && t.group_size > 1 ? hier(n, t.group_size, t.groups, s) : inf;
     case algorithm::twod:
       return t.ranks >= 4 ? twod(n, t.ranks, grid_row(t.ranks), flat_link(t)) : inf;
+    case algorithm::direct: return direct(n, t.ranks);
     case algorithm::automatic: return inf;
     default: return flat(a, n, t.ranks, flat_link(t), s);
     }
@@ -303,6 +334,17 @@ private:
 
 namespace detail {
 
+/// Seconds of the fastest of `iters` calls of f().
+template <class F> double best_seconds(int iters, F f) {
+  double best = std::numeric_limits<double>::infinity();
+  for (int i = 0; i < iters; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
 /// Half the round trip of `bytes` between ranks a and b (best of `iters`),
 /// 0 on every other rank.
 template <transport C>
@@ -311,19 +353,15 @@ double half_round_trip(C& c, int a, int b, std::size_t bytes, int iters, int tag
   if ((r != a && r != b) || a == b) return 0;
   std::vector<std::byte> buf(bytes);
   const int peer = r == a ? b : a;
-  double best = std::numeric_limits<double>::infinity();
-  for (int i = 0; i < iters; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    if (r == a) {
-      c.isend(buf, peer, tag).wait();
-      c.irecv(buf, peer, tag).wait();
-    } else {
-      c.irecv(buf, peer, tag).wait();
-      c.isend(buf, peer, tag).wait();
-    }
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best / 2;
+  return best_seconds(iters, [&] {
+           if (r == a) {
+             c.isend(buf, peer, tag).wait();
+             c.irecv(buf, peer, tag).wait();
+           } else {
+             c.irecv(buf, peer, tag).wait();
+             c.isend(buf, peer, tag).wait();
+           }
+         }) / 2;
 }
 
 /// alpha and beta of the link between ranks a and b (0 elsewhere).
@@ -336,17 +374,47 @@ template <transport C> link_cost measure_link(C& c, int a, int b, int tag) {
   return l;
 }
 
-/// Seconds per byte of the float sum kernel on this rank (best of a few).
-inline double measure_gamma() {
+/// Seconds per byte on this rank (best of a few passes over
+/// policy::calibrate_bytes) of the float sum kernel (gamma) and of memcpy
+/// (the arena's copy cost).
+struct kernel_costs {
+  double gamma = 0, copy = 0;
+};
+inline kernel_costs measure_kernels() {
   const std::size_t n = policy::calibrate_bytes / sizeof(float);
   std::vector<float> a(n, 1.0f), b(n, 2.0f);
-  double best = std::numeric_limits<double>::infinity();
-  for (int i = 0; i < 5; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
+  const auto per_byte = [](double s) { return s / static_cast<double>(policy::calibrate_bytes); };
+  kernel_costs k;
+  k.gamma = per_byte(best_seconds(5, [&] {
     combine(a.data(), static_cast<const float*>(a.data()), static_cast<const float*>(b.data()), n, op::sum{});
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }));
+  k.copy = per_byte(best_seconds(5, [&] {
+    std::memcpy(b.data(), a.data(), policy::calibrate_bytes);
+#if defined(__GNUC__)
+    asm volatile("" : : "r"(b.data()) : "memory"); // the copy must happen, and here
+#endif
+  }));
+  return k;
+}
+
+/// Fastest direct allreduce (algo/shm_direct.hpp) of 4 bytes (one
+/// synchronisation; copying and reducing 4 bytes is noise) and of
+/// policy::calibrate_bytes (one round of the large path), in seconds. Both 0
+/// on transports without an arena, where direct cannot run.
+struct direct_times {
+  double small = 0, large = 0;
+};
+static_assert(policy::calibrate_bytes > policy::shm_direct_small_bytes);
+template <transport C> direct_times time_direct(C& c) {
+  if constexpr (algo::shm_direct::arena_transport<C>) {
+    std::vector<float> x(policy::calibrate_bytes / sizeof(float), 1.0f);
+    auto best = [&](std::size_t n, int iters) {
+      return best_seconds(iters, [&] { algo::shm_direct::allreduce(c, x.data(), x.data(), n, op::max{}); });
+    };
+    return {best(1, policy::calibrate_iters), best(x.size(), policy::calibrate_iters / 4 + 1)};
+  } else {
+    return {};
   }
-  return best / static_cast<double>(policy::calibrate_bytes);
 }
 
 inline std::int64_t fnv1a(std::string_view s) {
@@ -362,8 +430,12 @@ inline std::int64_t fnv1a(std::string_view s) {
 /// several groups, between groups (groups as in groups_of: blocks of
 /// `group_size`, else the transport's nodes), and the float reduce kernel on
 /// every rank; reads GRADSYNC_ALGO once. The measurements (the slowest rank's
-/// gamma) and the table are agreed by an allreduce, so every rank returns the
-/// same selector. Throws on every rank if any rank's GRADSYNC_ALGO is
+/// gamma and memcpy cost) and the table are agreed by an allreduce, so every
+/// rank returns the same selector. On a transport with a shared-memory arena
+/// it also times the direct allreduce of 4 bytes (the arena's sync) and of
+/// policy::calibrate_bytes (its copy cost, after the syncs and reduction) and
+/// reads the arena's size; elsewhere the arena's sync is the local alpha and
+/// its copy cost the memcpy's. Throws on every rank if any rank's GRADSYNC_ALGO is
 /// malformed or differs from the others'. Costs about 2 x
 /// policy::calibrate_iters round trips plus a few reduce-kernel passes.
 template <transport C> selector calibrate(C& c, int group_size = 0, const options& o = {}) {
@@ -385,11 +457,14 @@ template <transport C> selector calibrate(C& c, int group_size = 0, const option
   }
   const link_cost local = detail::measure_link(c, 0, local_peer, o.tag);
   const link_cost global = detail::measure_link(c, 0, global_peer, o.tag);
+  const detail::direct_times direct = detail::time_direct(c);
+  const detail::kernel_costs kernels = detail::measure_kernels();
   const double h = static_cast<double>(detail::fnv1a(spec));
   // max over ranks of: measurements (others contribute 0), gamma, the table's
-  // hash and its negation (equal everywhere iff max(h) == -max(-h)), error flag.
-  std::vector<double> v{local.alpha, local.beta, global.alpha, global.beta, detail::measure_gamma(),
-                        h, -h, parse_error ? 1.0 : 0.0};
+  // hash and its negation (equal everywhere iff max(h) == -max(-h)), error
+  // flag, memcpy cost, the direct allreduce's times.
+  std::vector<double> v{local.alpha, local.beta, global.alpha, global.beta, kernels.gamma,
+                        h, -h, parse_error ? 1.0 : 0.0, kernels.copy, direct.small, direct.large};
   std::vector<double> ws(algo::ring::scratch_elems(partition{v.size(), static_cast<std::size_t>(p)},
                                                    sizeof(double), policy::ring_segment_bytes, p));
   algo::ring::allreduce(c, static_cast<const double*>(v.data()), v.data(), v.size(), op::max{},
@@ -402,6 +477,20 @@ template <transport C> selector calibrate(C& c, int group_size = 0, const option
   cost_model m;
   m.local = {v[0], v[1], v[4]};
   m.global = groups.count() > 1 ? link_cost{v[2], v[3], v[4]} : m.local;
+  m.arena.copy = v[8];
+  m.arena.sync = v[9] > 0 ? v[9] : v[0];
+  if constexpr (algo::shm_direct::arena_transport<C>) {
+    m.arena.half_bytes = static_cast<double>(algo::shm_direct::detail::half_bytes(c));
+    // Copies between ranks' caches cost more than a memcpy within one: the
+    // copy cost is what the timed large direct allreduce leaves after its
+    // synchronisations and reduction.
+    if (p > 1) {
+      const auto n = static_cast<double>(policy::calibrate_bytes);
+      cost_model no_copy = m;
+      no_copy.arena.copy = 0;
+      m.arena.copy = std::max(0.0, v[10] - no_copy.direct(n, p)) / (2 * n);
+    }
+  }
   return selector(m, std::move(table));
 }
 
