@@ -70,13 +70,15 @@ std::vector<algo_choice> parse_algos(std::string_view list, std::string_view tra
 
 template <transport C> std::int64_t run_rank(C& c, const config& cfg) {
   report rep(c.rank() == 0, cfg.json);
+  // One calibration per run, on every rank: `auto` and the model column use
+  // it. First, while every rank is busy (a rank that waited long, as the
+  // others do for the memcpy limit below, may answer slowly at first).
+  const selector sel = calibrate(c, cfg.group_size);
   // The limit is measured while the other ranks wait, so nothing competes.
   memcpy_limit lim;
   barrier(c);
   if (c.rank() == 0) lim = measure_memcpy();
   barrier(c);
-  // One calibration per run, on every rank: `auto` and the model column use it.
-  const selector sel = calibrate(c, cfg.group_size);
   const auto& sz = cfg.sizes;
   rep.note("gradsync-bench " + cfg.name + "  transport " + cfg.transport + "  ranks " + std::to_string(c.size()) +
            "  dtype " + std::string(dtype_name(cfg.dt)) + "  op " +
