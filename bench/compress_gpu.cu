@@ -11,6 +11,7 @@
 #include <gradsync/compress/cuda/approx_topk.cuh>
 #include <gradsync/compress/cuda/blockwise.cuh>
 #include <gradsync/compress/cuda/cast.cuh>
+#include <gradsync/compress/cuda/powersgd.cuh>
 #include <gradsync/compress/cuda/randk.cuh>
 #include <gradsync/compress/cuda/threshold.cuh>
 #include <gradsync/compress/cuda/topk.cuh>
@@ -59,11 +60,28 @@ struct events {
   }
 };
 
+/// The state a device encode takes: the codec's own, except PowerSGD's,
+/// whose warm start lives in device memory (owned here).
+template <class C> struct device_state {
+  typename C::state st;
+  device_state(const C&, typename C::state s) : st(s) {}
+};
+template <class T> struct device_state<gc::powersgd<T>> {
+  dmem q;
+  gc::gpu::powersgd_state st;
+  device_state(const gc::powersgd<T>& c, const gc::powersgd_state& s)
+      : q(sizeof(float) * gc::gpu::powersgd_state_floats(c)),
+        st(gc::gpu::to_device(s, {reinterpret_cast<float*>(q.p), gc::gpu::powersgd_state_floats(c)},
+                              nullptr)) {}
+};
+
 template <class C>
-point measure(const C& c, typename C::state st, const typename C::value_type* x, std::size_t n,
-              iteration_plan plan) {
+point measure(const C& c, typename C::state host_st, const typename C::value_type* x,
+              std::size_t n, iteration_plan plan) {
   using T = typename C::value_type;
   namespace g = gc::gpu;
+  device_state<C> ds(c, host_st);
+  auto& st = ds.st;
   if constexpr (!requires(std::span<const T> in, std::span<std::byte> b) {
                   g::encode(c, in, st, b, b, cudaStream_t{});
                 }) {

@@ -293,3 +293,25 @@ TEST_CASE("PowerSGD decoders reject truncated, corrupted and inconsistent payloa
                            rows * cols, "not finite");
   corrupt::expect_rejected(c, with(par, ~std::uint64_t{0}), rows * cols, "");
 }
+
+TEST_CASE("powersgd per-element functions shared with the device path") {
+  // Two roundings, never an FMA: (1 + 2^-12)^2 = 1 + 2^-11 + 2^-24 rounds to
+  // 1 + 2^-11 (a tie, to even), so the sum is exactly 0; an FMA would give 2^-24.
+  const float a = 1.0f + 0x1p-12f;
+  CHECK(cz::powersgd_mac(-(1.0f + 0x1p-11f), a, a) == 0.0f);
+  CHECK(cz::powersgd_msub(1.0f + 0x1p-11f, a, a) == 0.0f);
+  // Directions are 2u - 1 of the Philox uniform, exactly.
+  const cz::philox_stream s{7, 3, cz::powersgd_key};
+  for (std::uint64_t x = 0; x < 100; ++x)
+    CHECK(cz::powersgd_direction(s, x) == 2.0f * s.uniform(x) - 1.0f);
+  // powersgd_element over powersgd_factor is what powersgd_reconstruct sinks.
+  const std::vector<float> p = {0.5f, -1.25f, 3.0f, 0.75f, 2.0f, -0.5f}; // 3 x 2
+  const std::vector<float> q = {1.5f, 0.25f, -2.0f, 4.0f};              // 2 x 2
+  const cz::powersgd_factor pf{reinterpret_cast<const std::byte*>(p.data())};
+  const cz::powersgd_factor qf{reinterpret_cast<const std::byte*>(q.data())};
+  cz::powersgd_reconstruct(p.data(), q.data(), 3, 2, 2, [&](std::size_t e, float v) {
+    const std::size_t i = e / 2, c = e % 2;
+    CHECK(v == cz::powersgd_element(pf, qf, i, c, 2));
+    CHECK(v == p[i * 2] * q[c * 2] + p[i * 2 + 1] * q[c * 2 + 1]);
+  });
+}

@@ -62,6 +62,51 @@
 namespace gradsync::compress {
 
 // ---------------------------------------------------------------------------
+// Per-element math, shared with the device path (cuda/powersgd.cuh). Every
+// product and sum rounds on its own: on the device the intrinsics keep nvcc
+// from contracting them into an FMA (one rounding), whatever -fmad says.
+
+/// acc + a * b, two roundings.
+GRADSYNC_HD inline float powersgd_mac(float acc, float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(acc, __fmul_rn(a, b));
+#else
+  return acc + a * b;
+#endif
+}
+/// x - d * y, two roundings (the Gram-Schmidt update).
+GRADSYNC_HD inline float powersgd_msub(float x, float d, float y) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(x, __fmul_rn(d, y));
+#else
+  return x - d * y;
+#endif
+}
+/// Element x of a Philox direction: uniform in [-1, 1) (exact: 2u - 1 needs
+/// no rounding for the 24-bit u of uniform01).
+GRADSYNC_HD inline float powersgd_direction(const philox_stream& s, std::uint64_t x) {
+  return 2.0f * s.uniform(x) - 1.0f;
+}
+/// Element x of a row-major float factor at `base`: an array, or a payload
+/// body (any alignment).
+struct powersgd_factor {
+  const std::byte* base;
+  GRADSYNC_HD float operator()(std::size_t x) const {
+    return wire::load<float>(base + sizeof(float) * x);
+  }
+};
+/// Element (i, c) of P Q^T: sum_j P[i][j] Q[c][j] in float, j ascending.
+/// p(x) and q(x) return element x of the row-major factors (powersgd_factor,
+/// or any functor callable where this runs).
+template <class PF, class QF>
+GRADSYNC_HD inline float powersgd_element(const PF& p, const QF& q, std::size_t i, std::size_t c,
+                                          std::size_t r) {
+  float s = 0.0f;
+  for (std::size_t j = 0; j < r; ++j) s = powersgd_mac(s, p(i * r + j), q(c * r + j));
+  return s;
+}
+
+// ---------------------------------------------------------------------------
 // Step functions. Layouts: M row-major rows x cols (elements T); P row-major
 // rows x r (float); Q row-major cols x r (float).
 
@@ -76,7 +121,7 @@ void powersgd_multiply(const T* m, std::size_t rows, std::size_t cols, const flo
     for (std::size_t c = 0; c < cols; ++c) {
       const float v = to_float(mi[c]);
       const float* qc = q + c * r;
-      for (std::size_t j = 0; j < r; ++j) pi[j] += v * qc[j];
+      for (std::size_t j = 0; j < r; ++j) pi[j] = powersgd_mac(pi[j], v, qc[j]);
     }
   }
 }
@@ -92,7 +137,7 @@ void powersgd_multiply_transposed(const T* m, std::size_t rows, std::size_t cols
     for (std::size_t c = 0; c < cols; ++c) {
       const float v = to_float(mi[c]);
       float* qc = q + c * r;
-      for (std::size_t j = 0; j < r; ++j) qc[j] += v * pi[j];
+      for (std::size_t j = 0; j < r; ++j) qc[j] = powersgd_mac(qc[j], v, pi[j]);
     }
   }
 }
@@ -110,7 +155,8 @@ inline void project_out(float* a, std::size_t rows, std::size_t r, std::size_t j
   for (int pass = 0; pass < 2; ++pass)
     for (std::size_t k = 0; k < j; ++k) {
       const auto d = static_cast<float>(column_dot(a, rows, r, k, j));
-      for (std::size_t i = 0; i < rows; ++i) a[i * r + j] -= d * a[i * r + k];
+      for (std::size_t i = 0; i < rows; ++i)
+        a[i * r + j] = powersgd_msub(a[i * r + j], d, a[i * r + k]);
     }
 }
 // Projects column j and normalises it when enough of it is left; false if dependent.
@@ -141,8 +187,7 @@ inline std::size_t powersgd_orthonormalize(float* p, std::size_t rows, std::size
     if (!(sq <= std::numeric_limits<double>::max())) continue; // NaN or Inf: propagate
     if (detail::normalise_independent(p, rows, r, j)) continue;
     ++replaced;
-    for (std::size_t i = 0; i < rows; ++i)
-      p[i * r + j] = 2.0f * rng.uniform(j * rows + i) - 1.0f;
+    for (std::size_t i = 0; i < rows; ++i) p[i * r + j] = powersgd_direction(rng, j * rows + i);
     if (!detail::normalise_independent(p, rows, r, j))
       for (std::size_t i = 0; i < rows; ++i) p[i * r + j] = 0.0f;
   }
@@ -156,18 +201,15 @@ template <class PF, class QF, class Sink>
 void powersgd_reconstruct_with(PF p, QF q, std::size_t rows, std::size_t cols, std::size_t r,
                           Sink sink) {
   for (std::size_t i = 0; i < rows; ++i)
-    for (std::size_t c = 0; c < cols; ++c) {
-      float s = 0.0f;
-      for (std::size_t j = 0; j < r; ++j) s += p(i * r + j) * q(c * r + j);
-      sink(i * cols + c, s);
-    }
+    for (std::size_t c = 0; c < cols; ++c) sink(i * cols + c, powersgd_element(p, q, i, c, r));
 }
 /// powersgd_reconstruct_with over float arrays P (rows x r) and Q (cols x r).
 template <class Sink>
 void powersgd_reconstruct(const float* p, const float* q, std::size_t rows, std::size_t cols,
                           std::size_t r, Sink sink) {
-  powersgd_reconstruct_with([p](std::size_t x) { return p[x]; },
-                            [q](std::size_t x) { return q[x]; }, rows, cols, r, sink);
+  powersgd_reconstruct_with(powersgd_factor{reinterpret_cast<const std::byte*>(p)},
+                            powersgd_factor{reinterpret_cast<const std::byte*>(q)}, rows, cols, r,
+                            sink);
 }
 
 /// Philox rank key of PowerSGD's draws: fixed, since every rank must agree.
@@ -176,7 +218,7 @@ inline constexpr std::uint32_t powersgd_key = 0xfffffffeu;
 /// The initial Q of a tensor: uniform in [-1, 1), drawn under (seed, step 0xffffffff).
 inline void powersgd_initial_q(std::uint64_t seed, std::size_t cols, std::size_t r, float* q) {
   const philox_stream s{seed, 0xffffffffu, powersgd_key};
-  for (std::size_t x = 0; x < cols * r; ++x) q[x] = 2.0f * s.uniform(x) - 1.0f;
+  for (std::size_t x = 0; x < cols * r; ++x) q[x] = powersgd_direction(s, x);
 }
 
 /// Per-tensor state: the shared seed, the step counter and the warm-start Q
@@ -305,8 +347,7 @@ private:
     }
     const std::byte* pb = v.body.data();
     const std::byte* qb = pb + sizeof(float) * rows * r;
-    powersgd_reconstruct_with([pb](std::size_t x) { return wire::load<float>(pb + sizeof(float) * x); },
-                              [qb](std::size_t x) { return wire::load<float>(qb + sizeof(float) * x); },
+    powersgd_reconstruct_with(powersgd_factor{pb}, powersgd_factor{qb},
                               static_cast<std::size_t>(rows), static_cast<std::size_t>(cols),
                               static_cast<std::size_t>(r), sink);
   }

@@ -2,9 +2,12 @@
 // random_permutation(j), the host's GRADSYNC_HD bijection, computed by the
 // thread of entry j; the permutation object is built once on the host (encode)
 // or per thread from the payload's parameters (decode). The poison flag (any
-// non-finite input) is a cub::DeviceReduce::TransformReduce over the tensor.
-// Payloads are bit-identical to the host's (n/k scaling in decode uses
-// __fmul_rn so no FMA contraction changes a bit).
+// non-finite input) is a cub::DeviceReduce::TransformReduce over the tensor
+// (any_nonfinite, also PowerSGD's poison scan). Payloads are bit-identical to
+// the host's for both settings of `unbiased` (the unscaled flag, bit 1, is
+// set on the host side of the header; the n/k scaling in decode uses
+// __fmul_rn so no FMA contraction changes a bit, and an unscaled payload
+// decodes to the values as sent, as on the host).
 #pragma once
 
 #include <cub/device/device_reduce.cuh>
@@ -25,13 +28,29 @@ struct max_u32 {
   }
 };
 
-template <class T> std::size_t randomk_temp(std::size_t n, const char* op) {
+/// Device workspace of any_nonfinite over n elements of T.
+template <class T> std::size_t any_nonfinite_temp(std::size_t n, const char* op) {
   std::size_t bytes = 0;
   check(cub::DeviceReduce::TransformReduce(nullptr, bytes, static_cast<const T*>(nullptr),
                                            static_cast<std::uint32_t*>(nullptr), n, max_u32{},
                                            nonfinite_fn<T>{}, 0u),
         op, "cub::DeviceReduce::TransformReduce (size query)");
   return bytes;
+}
+
+/// Enqueues *d_flag = 1 if any of x[0, n) is NaN or +-Inf, else 0 (n may be 0);
+/// temp: any_nonfinite_temp<T>(n) bytes.
+template <class T>
+void any_nonfinite(const T* x, std::size_t n, std::uint32_t* d_flag, std::span<std::byte> temp,
+                   cudaStream_t stream, const char* op) {
+  if (n == 0) {
+    check(cudaMemsetAsync(d_flag, 0, sizeof(std::uint32_t), stream), op, "cudaMemsetAsync");
+    return;
+  }
+  std::size_t tb = temp.size();
+  check(cub::DeviceReduce::TransformReduce(temp.data(), tb, x, d_flag, n, max_u32{},
+                                           nonfinite_fn<T>{}, 0u, stream),
+        op, "cub::DeviceReduce::TransformReduce");
 }
 
 template <class T> struct randomk_gather_fn {
@@ -44,9 +63,12 @@ template <class T> struct randomk_gather_fn {
   }
 };
 
+/// The flags word: the host-known bits (unscaled) plus the poison bit only the
+/// device knows.
 template <class = void>
-__global__ void randomk_flags_kernel(std::byte* params, const std::uint32_t* poisoned) {
-  wire::store<std::uint32_t>(params + 24, *poisoned ? 1u : 0u);
+__global__ void randomk_flags_kernel(std::byte* params, const std::uint32_t* poisoned,
+                                     std::uint32_t flags) {
+  wire::store<std::uint32_t>(params + 24, flags | (*poisoned ? randomk<float>::flag_poisoned : 0u));
 }
 
 /// Parameters of a randomk payload as the device reads them.
@@ -64,7 +86,8 @@ template <class T> struct randomk_body_rule {
   GRADSYNC_HD bool operator()(const std::byte* params, std::uint64_t count,
                               std::uint64_t* body) const {
     const randomk_params p = read_randomk(params);
-    if (p.e > count || p.flags > 1u || p.pad != 0) return false;
+    constexpr std::uint32_t known = randomk<T>::flag_poisoned | randomk<T>::flag_unscaled;
+    if (p.e > count || p.flags > known || p.pad != 0) return false;
     *body = p.e * sizeof(T);
     return true;
   }
@@ -82,7 +105,7 @@ template <class T> struct randomk_check_fn {
     if (*status != 0) return;
     const randomk_params p = read_randomk(payload + wire::header_bytes);
     const T x = reinterpret_cast<const T*>(payload + wire::header_bytes + 32)[j];
-    if (p.flags == 1u ? !positive_zero(x) : !finite(to_float(x)))
+    if ((p.flags & randomk<T>::flag_poisoned) != 0 ? !positive_zero(x) : !finite(to_float(x)))
       atomicCAS(status, 0u, static_cast<std::uint32_t>(gpu::status::bad_content));
   }
 };
@@ -92,7 +115,7 @@ template <class Sink> struct randomk_poison_fn {
   const std::byte* payload;
   Sink sink;
   __device__ void operator()(std::size_t i) const {
-    if (read_randomk(payload + wire::header_bytes).flags == 1u)
+    if ((read_randomk(payload + wire::header_bytes).flags & randomk<float>::flag_poisoned) != 0)
       sink(i, __int_as_float(0x7fc00000));
   }
 };
@@ -103,10 +126,13 @@ template <class T, class Sink> struct randomk_scatter_fn {
   Sink sink;
   __device__ void operator()(std::size_t j) const {
     const randomk_params p = read_randomk(payload + wire::header_bytes);
-    if (p.flags == 1u) return;
+    if ((p.flags & randomk<T>::flag_poisoned) != 0) return;
     const random_permutation perm(philox_stream{p.seed, p.step, p.key}, count);
-    const float scale = static_cast<float>(__ddiv_rn(static_cast<double>(count),
-                                                     static_cast<double>(p.e)));
+    // The host's scale: n/k rounded to float, or exactly 1 for an unscaled payload.
+    const float scale = (p.flags & randomk<T>::flag_unscaled) != 0
+                            ? 1.0f
+                            : static_cast<float>(__ddiv_rn(static_cast<double>(count),
+                                                           static_cast<double>(p.e)));
     const T x = reinterpret_cast<const T*>(payload + wire::header_bytes + 32)[j];
     sink(static_cast<std::size_t>(perm(j)), __fmul_rn(scale, to_float(x)));
   }
@@ -140,7 +166,7 @@ void randomk_decode(std::span<const std::byte> payload, std::size_t n, Sink sink
 template <float_element T>
 std::size_t encode_workspace_bytes(const randomk<T>& c, std::size_t n) {
   return workspace_piece<std::uint32_t>(1) +
-         workspace_piece<std::byte>(detail::randomk_temp<T>(n, randomk<T>::encode_op)) +
+         workspace_piece<std::byte>(detail::any_nonfinite_temp<T>(n, randomk<T>::encode_op)) +
          seal_workspace_bytes(c.max_encoded_bytes(n));
 }
 
@@ -157,9 +183,8 @@ std::size_t encode(const randomk<T>& c, std::span<const T> in, stream_state& st,
   const std::uint32_t key = c.shared_indices ? randomk_shared_key : st.rank;
   wire::check(c.shared_indices || st.rank != randomk_shared_key, op,
               "rank 0xffffffff is reserved for shared indices");
-  // The device payload does not carry the unscaled flag yet: refuse rather
-  // than emit a payload the host would decode scaled by n/k.
-  wire::check(c.unbiased, op, "unbiased = false is not supported by the device path yet");
+  // Host-known flag bits; the poison bit is or-ed in on the device.
+  const std::uint32_t flags = c.unbiased ? 0u : C::flag_unscaled;
   const auto step = static_cast<std::uint32_t>(st.step);
   ++st.step;
   const std::uint64_t seed = st.seed;
@@ -171,21 +196,13 @@ std::size_t encode(const randomk<T>& c, std::span<const T> in, stream_state& st,
                         .put<std::uint64_t>(seed)
                         .put<std::uint32_t>(step)
                         .put<std::uint32_t>(key)
-                        .put<std::uint32_t>(0) // flags: set on the device
+                        .put<std::uint32_t>(flags) // poison bit patched on the device
                         .put<std::uint32_t>(0);
                   });
   workspace_cursor cur(ws, op);
   std::uint32_t* poisoned = cur.take<std::uint32_t>(1).data();
-  auto temp = cur.take<std::byte>(detail::randomk_temp<T>(n, op));
-  if (n > 0) {
-    std::size_t tb = temp.size();
-    check(cub::DeviceReduce::TransformReduce(temp.data(), tb, in.data(), poisoned, n,
-                                             detail::max_u32{}, detail::nonfinite_fn<T>{}, 0u,
-                                             stream),
-          op, "cub::DeviceReduce::TransformReduce");
-  } else {
-    check(cudaMemsetAsync(poisoned, 0, sizeof(std::uint32_t), stream), op, "cudaMemsetAsync");
-  }
+  auto temp = cur.take<std::byte>(detail::any_nonfinite_temp<T>(n, op));
+  detail::any_nonfinite(in.data(), n, poisoned, temp, stream, op);
   auto* values = reinterpret_cast<T*>(out.data() + img.size);
   for_each(e,
            detail::randomk_gather_fn<T>{in.data(), C::permutation(seed, step, key, n), poisoned,
@@ -195,14 +212,15 @@ std::size_t encode(const randomk<T>& c, std::span<const T> in, stream_state& st,
   // header between the header write and the checksum.
   seal_with(img, out.data(), nullptr, cur.rest(), stream, op, [&] {
     detail::randomk_flags_kernel<><<<1, 1, 0, stream>>>(out.data() + wire::header_bytes,
-                                                        poisoned);
+                                                        poisoned, flags);
     check_launch(op);
   });
   return img.size + sizeof(T) * e;
 }
 
 /// Decoding: see device_decoder in common.cuh (gpu::decode, gpu::decode_accumulate):
-/// out = n/k * value at every drawn index, zero elsewhere, NaN everywhere when poisoned.
+/// out = n/k * value (value alone for unbiased = false) at every drawn index,
+/// zero elsewhere, NaN everywhere when poisoned.
 template <float_element T> struct device_decoder<randomk<T>> {
   static constexpr bool enabled = true;
   template <class Sink>
