@@ -1,7 +1,9 @@
 // Wire format: header layout, every validation rule, checksum coverage.
 #include <doctest/doctest.h>
 
+#include <cstdint>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -58,28 +60,51 @@ TEST_CASE("header layout is the documented little-endian one") {
   CHECK(wire::codec_of(p) == cz::codec_id::int8);
 }
 
-TEST_CASE("checksum: reference formula, independent of the stored field") {
-  auto p = sample();
-  // Independent reference: words with the checksum word zeroed, tail zero-padded.
-  unsigned char bytes[64] = {};
-  REQUIRE(p.size() + 8 <= sizeof bytes);
-  std::memcpy(bytes, p.data(), p.size());
-  std::memset(bytes + 24, 0, 8);
+namespace {
+std::uint64_t ref_mix(std::uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+// Independent reference: words with the checksum word zeroed, tail zero-padded.
+std::uint64_t ref_checksum(std::span<const std::byte> p) {
+  std::vector<unsigned char> bytes(p.size() + 8, 0);
+  for (std::size_t i = 0; i < p.size(); ++i)
+    bytes[i] = i >= 24 && i < 32 && p.size() >= 32 ? 0 : static_cast<unsigned char>(p[i]);
   std::uint64_t sum = 0;
   for (std::size_t i = 0; i * 8 < p.size(); ++i) {
     std::uint64_t w = 0;
     for (int b = 0; b < 8; ++b) w |= std::uint64_t(bytes[i * 8 + b]) << (8 * b);
-    std::uint64_t z = w ^ (i * 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    sum += z ^ (z >> 31);
+    sum += ref_mix(w ^ (i * 0x9e3779b97f4a7c15ull));
   }
-  std::uint64_t z = sum ^ p.size();
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  CHECK(wire::checksum(p) == (z ^ (z >> 31)));
+  return ref_mix(sum ^ p.size());
+}
+} // namespace
+
+TEST_CASE("checksum: reference formula, independent of the stored field") {
+  auto p = sample();
+  const std::uint64_t want = ref_checksum(p);
+  CHECK(wire::checksum(p) == want);
   p[24] ^= std::byte{0xff}; // the stored field does not feed the checksum
-  CHECK(wire::checksum(p) == (z ^ (z >> 31)));
+  CHECK(wire::checksum(p) == want);
+}
+
+TEST_CASE("checksum: the wide (AVX-512) and baseline loops agree with the reference at every length") {
+  std::vector<std::byte> p((std::size_t{1} << 20) + 13);
+  std::uint64_t x = 88172645463325252ull;
+  for (auto& b : p) { // xorshift64: every byte value, no pattern a loop could hide
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    b = std::byte(x >> 56);
+  }
+  MESSAGE((std::string("wide checksum loop on this CPU: ") + (gradsync::detail::host_has_avx512dq() ? "avx512" : "baseline")));
+  for (std::size_t len = 32; len < 300; ++len) {
+    const std::span<const std::byte> s(p.data(), len);
+    const std::uint64_t want = ref_checksum(s);
+    CHECK_MESSAGE(wire::checksum(s, true) == want, "length ", len);
+    CHECK_MESSAGE(wire::checksum(s, false) == want, "length ", len);
+  }
+  CHECK(wire::checksum(p, true) == ref_checksum(p));
+  CHECK(wire::checksum(p, false) == ref_checksum(p));
 }
 
 TEST_CASE("every single-bit flip anywhere is rejected") {

@@ -27,6 +27,7 @@
 #include <string>
 #include <type_traits>
 
+#include "../core/host_simd.hpp"
 #include "codec.hpp"
 
 namespace gradsync::compress {
@@ -101,9 +102,42 @@ template <class F> decltype(auto) dispatch_bits(unsigned bits, F&& f) {
   }
 }
 
+#if GRADSYNC_HOST_AVX2
+/// The whole groups of 8 of block_scale's lane loop for float input, by
+/// hand (g++ does not vectorise the mixed integer max and double sums):
+/// lanes 0-3 and 4-7 in two double vectors, the same operations in the same
+/// order per lane, so the result is bitwise the scalar loop's. Returns the
+/// elements consumed.
+[[gnu::target("avx2")]] inline std::size_t sum_lanes_avx2(const float* x, std::size_t len, bool l2,
+                                                         std::uint32_t* mv, double* part) {
+  const __m256i absmask = _mm256_set1_epi32(0x7fffffff);
+  __m256i m = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(mv));
+  __m256d lo = _mm256_loadu_pd(part), hi = _mm256_loadu_pd(part + 4);
+  std::size_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    const __m256i ab = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)), absmask);
+    m = _mm256_max_epu32(m, ab);
+    const __m256 a = _mm256_castsi256_ps(ab);
+    __m256d a0 = _mm256_cvtps_pd(_mm256_castps256_ps128(a)), a1 = _mm256_cvtps_pd(_mm256_extractf128_ps(a, 1));
+    if (l2) {
+      a0 = _mm256_mul_pd(a0, a0);
+      a1 = _mm256_mul_pd(a1, a1);
+    }
+    lo = _mm256_add_pd(lo, a0);
+    hi = _mm256_add_pd(hi, a1);
+  }
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(mv), m);
+  _mm256_storeu_pd(part, lo);
+  _mm256_storeu_pd(part + 4, hi);
+  return i;
+}
+#endif
+
 /// The statistic K of one block (host reference; kernels reduce their own way
 /// and may differ in the last bits). NaN when the block is not finite.
-template <scale_kind K, float_element T> float block_scale(const T* x, std::size_t len) {
+template <scale_kind K, float_element T>
+float block_scale(const T* x, std::size_t len,
+                  gradsync::detail::host_isa isa = gradsync::detail::host_isa::baseline) {
   if constexpr (K == scale_kind::absmax) {
     // The max of the |x| bit patterns: for non-negative floats the bits order
     // like the values, and every NaN or Inf pattern is >= 0x7f800000, so one
@@ -117,17 +151,33 @@ template <scale_kind K, float_element T> float block_scale(const T* x, std::size
     return m >= 0x7f800000u ? std::numeric_limits<float>::quiet_NaN()
                             : gradsync::detail::bits_float(m);
   }
-  float amax = 0.0f;
-  double sum = 0.0; // l1 or l2^2; cannot overflow: (3.4e38)^2 * 2^24 << DBL_MAX
-  bool bad = false;
-  for (std::size_t i = 0; i < len; ++i) {
-    const float v = to_float(x[i]);
-    bad |= !finite(v);
-    const float a = std::fabs(v);
-    amax = a > amax ? a : amax;
-    if constexpr (K == scale_kind::mean_abs) sum += a;
-    if constexpr (K == scale_kind::l2) sum += static_cast<double>(a) * a;
-  }
+  // max |x| as the max of the |x| bit patterns (see absmax above: it also
+  // flags NaN/Inf), and eight partial sums (element i feeds sum i % 8),
+  // added in a fixed tree: one chain of dependent double adds would cost 4x
+  // a memory pass; eight independent lanes vectorise.
+  constexpr std::size_t lanes = 8;
+  std::uint32_t mv[lanes] = {}; // per-lane max, so the loop body is lane-wise
+  double part[lanes] = {};      // l1 or l2^2; cannot overflow: (3.4e38)^2 * 2^24 << DBL_MAX
+  auto lane = [&](std::size_t j, T v) {
+    const std::uint32_t ab = gradsync::detail::float_bits(to_float(v)) & 0x7fffffffu;
+    mv[j] = ab > mv[j] ? ab : mv[j];
+    const double a = gradsync::detail::bits_float(ab);
+    part[j] += K == scale_kind::l2 ? a * a : a;
+  };
+  std::size_t i = 0;
+#if GRADSYNC_HOST_AVX2
+  if constexpr (std::is_same_v<T, float>)
+    if (isa == gradsync::detail::host_isa::avx2) i = sum_lanes_avx2(x, len, K == scale_kind::l2, mv, part);
+#endif
+  (void)isa;
+  for (; i + lanes <= len; i += lanes)
+    for (std::size_t j = 0; j < lanes; ++j) lane(j, x[i + j]);
+  for (std::size_t j = 0; i < len; ++i, ++j) lane(j, x[i]);
+  std::uint32_t m = 0;
+  for (const std::uint32_t v : mv) m = v > m ? v : m;
+  const double sum = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+  const bool bad = m >= 0x7f800000u;
+  const float amax = gradsync::detail::bits_float(m);
   if (bad) return std::numeric_limits<float>::quiet_NaN();
   if constexpr (K == scale_kind::mean_abs) {
     return static_cast<float>(sum / static_cast<double>(len));
@@ -149,11 +199,90 @@ inline void check_block(std::uint64_t block, const char* op) {
                        std::to_string(max_block) + "]");
 }
 
-/// Encodes `in` with `rule` into `out`; `noise` feeds stochastic rules.
+/// Packs 8 codes of B bits (one per byte of `c`) into B bytes and stores the
+/// first `nbytes` of them. Each code moves to its bit position by one
+/// multiply: the shifted copies land on disjoint bits, so nothing carries.
+template <unsigned B> inline void pack8(const std::uint8_t* c, std::byte* out, std::size_t nbytes) {
+  std::uint64_t w;
+  std::memcpy(&w, c, 8);
+  std::uint8_t b[B];
+  if constexpr (B == 1) {
+    b[0] = static_cast<std::uint8_t>((w * 0x0102040810204080ull) >> 56); // code j -> bit j
+  } else if constexpr (B == 2) {
+    for (unsigned h = 0; h < 2; ++h) { // codes 4h .. 4h+3 -> bits 0, 2, 4, 6
+      const auto q = static_cast<std::uint32_t>(w >> (32 * h));
+      b[h] = static_cast<std::uint8_t>((q * 0x01041040u) >> 24);
+    }
+  } else {
+    static_assert(B == 4);
+    for (unsigned h = 0; h < 4; ++h) { // codes 2h, 2h+1 -> bits 0, 4
+      const auto q = static_cast<std::uint32_t>(w >> (16 * h)) & 0xffffu;
+      b[h] = static_cast<std::uint8_t>(q | (q >> 4));
+    }
+  }
+  std::memcpy(out, b, nbytes);
+}
+
+/// Codes of elements [lo, hi) of x (block scale s > 0) into the zeroed
+/// packed stream. Whole bytes are assembled in a register and stored once
+/// (8 / B codes each); only a block's first and last partial byte are ORed.
+template <unsigned B, class Rule, float_element T>
+inline void encode_codes(const Rule& rule, const T* x, std::size_t lo, std::size_t hi, float s,
+                         const philox_stream* noise, std::byte* codes) {
+  if constexpr (Rule::stochastic) { // a Philox call per 4 elements; no vector form
+    philox_block rnd{};
+    std::uint64_t rnd_at = ~std::uint64_t{0};
+    for (std::size_t i = lo; i < hi; ++i) {
+      if ((i >> 2) != rnd_at) rnd = noise->block(rnd_at = i >> 2); // 4 draws per call
+      put_code<B>(codes, i, rule.code(to_float(x[i]) / s, uniform01(rnd.x[i & 3])));
+    }
+  } else {
+    (void)noise;
+    if constexpr (B == 8) {
+      for (std::size_t i = lo; i < hi; ++i)
+        codes[i] = static_cast<std::byte>(rule.code(to_float(x[i]) / s, 0.0f));
+    } else {
+      // Codes of a chunk go to bytes in L1 first (a loop that vectorises),
+      // then every 8 of them are gathered into 8 B bits by one multiply.
+      constexpr std::size_t per = 8 / B, chunk = 256;
+      std::size_t i = lo;
+      for (; i < hi && i % per != 0; ++i) put_code<B>(codes, i, rule.code(to_float(x[i]) / s, 0.0f));
+      alignas(8) std::uint8_t tmp[chunk];
+      while (i + per <= hi) {
+        const std::size_t len = std::min(chunk, (hi - i) / per * per);
+        for (std::size_t j = 0; j < len; ++j)
+          tmp[j] = static_cast<std::uint8_t>(rule.code(to_float(x[i + j]) / s, 0.0f));
+        for (std::size_t j = len; j % 8 != 0; ++j) tmp[j] = 0; // pad the last group
+        for (std::size_t j = 0; j < len; j += 8)
+          pack8<B>(tmp + j, codes + (i + j) / per, std::min<std::size_t>(8, len - j) / per);
+        i += len;
+      }
+      for (; i < hi; ++i) put_code<B>(codes, i, rule.code(to_float(x[i]) / s, 0.0f));
+    }
+  }
+}
+
+/// The encode loop over all blocks (run through host_vectorized).
+template <unsigned B, class Rule, float_element T>
+inline void encode_blocks(Rule rule, const T* x, std::size_t n, std::size_t block,
+                          const philox_stream* noise, std::byte* scales, std::byte* codes,
+                          gradsync::detail::host_isa isa) {
+  const std::size_t nb = (n + block - 1) / block;
+  for (std::size_t b = 0; b < nb; ++b) {
+    const std::size_t lo = b * block, hi = std::min(n, lo + block);
+    const float s = block_scale<Rule::scale>(x + lo, hi - lo, isa);
+    wire::store<float>(scales + 4 * b, s);
+    if (s > 0.0f) encode_codes<B>(rule, x, lo, hi, s, noise, codes); // else zero or poisoned: codes stay 0
+  }
+}
+
+/// Encodes `in` with `rule` into `out`; `noise` feeds stochastic rules;
+/// `isa`: the host clone (every one gives the same bytes; tests force each).
 template <class Rule, float_element T>
 std::size_t blockwise_encode(const Rule& rule, std::uint32_t block, std::span<const T> in,
                              const philox_stream* noise, std::span<std::byte> ws,
-                             std::span<std::byte> out, const char* op) {
+                             std::span<std::byte> out, const char* op,
+                             gradsync::detail::host_isa isa = gradsync::detail::best_host_isa()) {
   check_block(block, op);
   rule.validate(op);
   const unsigned bits = rule.bits();
@@ -170,25 +299,46 @@ std::size_t blockwise_encode(const Rule& rule, std::uint32_t block, std::span<co
   std::byte* codes = scales + 4 * nb;
   std::memset(codes, 0, body - 4 * nb);
   dispatch_bits(bits, [&](auto bits_c) {
-    constexpr unsigned B = decltype(bits_c)::value;
-    [[maybe_unused]] philox_block rnd{}; // stochastic rules only (nvcc warns otherwise)
-    [[maybe_unused]] std::uint64_t rnd_at = ~std::uint64_t{0};
-    for (std::size_t b = 0; b < nb; ++b) {
-      const std::size_t lo = b * block, len = std::min<std::size_t>(block, n - lo);
-      const float s = block_scale<Rule::scale>(in.data() + lo, len);
-      wire::store<float>(scales + 4 * b, s);
-      if (!(s > 0.0f)) continue; // zero block: codes stay 0; NaN (poisoned): likewise
-      for (std::size_t i = lo; i < lo + len; ++i) {
-        float u = 0.0f;
-        if constexpr (Rule::stochastic) {
-          if ((i >> 2) != rnd_at) rnd = noise->block(rnd_at = i >> 2); // 4 draws per call
-          u = uniform01(rnd.x[i & 3]);
-        }
-        put_code<B>(codes, i, rule.code(to_float(in[i]) / s, u));
-      }
-    }
+    [[maybe_unused]] constexpr unsigned B = decltype(bits_c)::value; // (g++ 12 misses the use below)
+    // A lambda, not the function itself: its own type gives the clone its own
+    // instantiation, so `flatten` can inline the loop into it.
+    gradsync::detail::host_vectorized(
+        isa, [](auto... a) { encode_blocks<B, Rule, T>(a...); }, rule, in.data(), n, std::size_t{block}, noise,
+        scales, codes, isa);
   });
   return w.finish(body);
+}
+
+/// The codes of byte value v, one per byte (little-endian order), for B < 8.
+template <unsigned B> constexpr std::uint64_t spread_byte(unsigned v) {
+  std::uint64_t r = 0;
+  for (unsigned j = 0; j < 8 / B; ++j) r |= std::uint64_t{(v >> (j * B)) & ((1u << B) - 1u)} << (8 * j);
+  return r;
+}
+template <unsigned B> struct spread_table {
+  std::uint64_t v[256];
+  constexpr spread_table() : v{} {
+    for (unsigned i = 0; i < 256; ++i) v[i] = spread_byte<B>(i);
+  }
+};
+template <unsigned B> inline constexpr spread_table<B> spread{};
+
+/// out[j] = code lo + j for j < len: whole bytes
+/// through a 256-entry table, a partial first and last byte one by one.
+template <unsigned B>
+inline void unpack_codes(const std::byte* codes, std::size_t lo, std::size_t len, std::uint8_t* out) {
+  if constexpr (B == 8) {
+    std::memcpy(out, codes + lo, len);
+  } else {
+    constexpr std::size_t per = 8 / B;
+    std::size_t j = 0;
+    for (; j < len && (lo + j) % per != 0; ++j) out[j] = static_cast<std::uint8_t>(get_code<B>(codes, lo + j));
+    for (; j + per <= len; j += per) {
+      const std::uint64_t w = spread<B>.v[static_cast<std::uint8_t>(codes[(lo + j) / per])];
+      std::memcpy(out + j, &w, per);
+    }
+    for (; j < len; ++j) out[j] = static_cast<std::uint8_t>(get_code<B>(codes, lo + j));
+  }
 }
 
 /// Validates a payload of this family completely, then feeds
@@ -214,6 +364,8 @@ void blockwise_decode(std::span<const std::byte> payload, std::size_t n, Sink si
 
   dispatch_bits(bits, [&](auto bits_c) {
     constexpr unsigned B = decltype(bits_c)::value;
+    constexpr std::size_t chunk = 256;
+    std::uint8_t c[chunk];
     // Validation pass: scales, codes, padding. Nothing is written yet.
     for (std::size_t b = 0; b < nb; ++b) {
       const float s = wire::load<float>(scales + 4 * b);
@@ -221,16 +373,17 @@ void blockwise_decode(std::span<const std::byte> payload, std::size_t n, Sink si
       if (!nan && !(s >= 0.0f && finite(s)))
         wire::fail(op, "block " + std::to_string(b) + " has an invalid scale " + std::to_string(s));
       const std::size_t lo = b * block, hi = std::min<std::size_t>(n, lo + block);
-      bool ok = true;
-      for (std::size_t i = lo; i < hi; ++i) {
-        const std::uint32_t c = get_code<B>(codes, i);
-        ok &= rule.valid(c) && !(nan && c != 0);
+      for (std::size_t i0 = lo; i0 < hi; i0 += chunk) {
+        const std::size_t len = std::min(chunk, hi - i0);
+        unpack_codes<B>(codes, i0, len, c);
+        bool ok = true;
+        for (std::size_t j = 0; j < len; ++j) ok &= rule.valid(c[j]) && !(nan && c[j] != 0);
+        if (!ok)
+          for (std::size_t j = 0; j < len; ++j) // find the culprit for the message
+            if (!rule.valid(c[j]) || (nan && c[j] != 0))
+              wire::fail(op, "element " + std::to_string(i0 + j) + " has invalid code " + std::to_string(c[j]) +
+                                 (nan ? " in a poisoned (NaN-scale) block" : ""));
       }
-      if (!ok)
-        for (std::size_t i = lo; i < hi; ++i) // find the culprit for the message
-          if (const std::uint32_t c = get_code<B>(codes, i); !rule.valid(c) || (nan && c != 0))
-            wire::fail(op, "element " + std::to_string(i) + " has invalid code " +
-                               std::to_string(c) + (nan ? " in a poisoned (NaN-scale) block" : ""));
     }
     if (const std::size_t used = n * B; used % 8 != 0) {
       const auto last = static_cast<std::uint32_t>(codes[used / 8]);
@@ -240,7 +393,11 @@ void blockwise_decode(std::span<const std::byte> payload, std::size_t n, Sink si
     for (std::size_t b = 0; b < nb; ++b) {
       const float s = wire::load<float>(scales + 4 * b);
       const std::size_t lo = b * block, hi = std::min<std::size_t>(n, lo + block);
-      for (std::size_t i = lo; i < hi; ++i) sink(i, rule.fraction(get_code<B>(codes, i)) * s);
+      for (std::size_t i0 = lo; i0 < hi; i0 += chunk) {
+        const std::size_t len = std::min(chunk, hi - i0);
+        unpack_codes<B>(codes, i0, len, c);
+        for (std::size_t j = 0; j < len; ++j) sink(i0 + j, rule.fraction(c[j]) * s);
+      }
     }
   });
 }

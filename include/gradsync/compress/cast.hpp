@@ -11,6 +11,7 @@
 // differently from a direct double -> 16-bit conversion).
 #pragma once
 
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -52,8 +53,16 @@ struct cast16 {
     check_encode_buffers(encode_op, out.size(), max_encoded_bytes(in.size()), ws.size(), 0);
     wire::writer w(out, id, dtype_traits<T>::id, in.size(), 0, encode_op);
     std::byte* body = w.body().data();
-    for (std::size_t i = 0; i < in.size(); ++i)
-      wire::store<std::uint16_t>(body + 2 * i, cast_encode1<W>(to_float(in[i])));
+    if constexpr (std::same_as<T, float>) {
+      to_bits_n(in.data(), body, in.size());
+    } else { // widen a chunk to float in L1, then convert it
+      float tmp[chunk];
+      for (std::size_t i0 = 0; i0 < in.size(); i0 += chunk) {
+        const std::size_t m = std::min(chunk, in.size() - i0);
+        for (std::size_t j = 0; j < m; ++j) tmp[j] = to_float(in[i0 + j]);
+        to_bits_n(tmp, body + 2 * i0, m);
+      }
+    }
     return w.finish(2 * in.size());
   }
   /// out[i] = the decoded element; out.size() must equal the encoded count.
@@ -66,12 +75,25 @@ struct cast16 {
   }
 
 private:
+  static constexpr std::size_t chunk = 1024; // elements converted per step (4 KiB of float)
+
+  static void to_bits_n(const float* in, std::byte* out, std::size_t n) {
+    if constexpr (is_half) gradsync::detail::float_to_half_n(in, out, n);
+    else gradsync::detail::float_to_bf16_n(in, out, n);
+  }
+
   template <class Sink> void run(std::span<const std::byte> payload, std::size_t n, Sink sink) const {
     const wire::view v = wire::open(payload, id, dtype_traits<T>::id, 0, decode_op);
     wire::check_count(v, n, decode_op);
     wire::check_body(v, wire::checked_mad(v.h.count, 2, 0, decode_op), decode_op);
-    for (std::size_t i = 0; i < n; ++i)
-      sink(i, cast_decode1<W>(wire::load<std::uint16_t>(v.body.data() + 2 * i)));
+    float tmp[chunk];
+    for (std::size_t i0 = 0; i0 < n; i0 += chunk) {
+      const std::size_t m = std::min(chunk, n - i0);
+      const std::byte* src = v.body.data() + 2 * i0;
+      if constexpr (is_half) gradsync::detail::half_to_float_n(src, tmp, m);
+      else gradsync::detail::bf16_to_float_n(src, tmp, m);
+      for (std::size_t j = 0; j < m; ++j) sink(i0 + j, tmp[j]);
+    }
   }
 };
 

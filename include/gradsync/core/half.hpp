@@ -3,10 +3,12 @@
 // Arithmetic is not provided on purpose: reductions widen to float per step.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
 #include "config.hpp"
+#include "host_simd.hpp"
 
 #if defined(__CUDACC__)
 #include <cuda_bf16.h>
@@ -92,9 +94,10 @@ GRADSYNC_HD inline float half_bits_to_float(std::uint16_t h) {
 /// float -> bfloat16 bits, round to nearest even; NaN stays a quiet NaN.
 GRADSYNC_HD inline std::uint16_t float_to_bf16_bits(float f) {
   const std::uint32_t x = float_bits(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u)
-    return static_cast<std::uint16_t>((x >> 16) | 0x0040u);
-  return static_cast<std::uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+  const std::uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  const std::uint32_t quiet = (x >> 16) | 0x0040u;
+  // A select, not a branch, so that array loops vectorise.
+  return static_cast<std::uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
 }
 
 /// bfloat16 bits -> float (exact); a signalling NaN comes back quiet.
@@ -103,6 +106,83 @@ GRADSYNC_HD inline float bf16_bits_to_float(std::uint16_t b) {
   return bits_float((static_cast<std::uint32_t>(b) << 16) | quiet);
 }
 
+// Array conversions for the host codecs (compress/cast.hpp): the same bits
+// as the scalar functions above, element for element. 16-bit values are
+// read and written as little-endian bytes (wire order), so the buffers need
+// no alignment. `isa` (tests force each clone) as in core/host_simd.hpp.
+
+/// out (n little-endian 16-bit values) = f(in[i]).
+template <class F> inline void put16_n(const float* in, std::byte* out, std::size_t n, F f) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint16_t b = f(in[i]);
+    std::memcpy(out + 2 * i, &b, 2);
+  }
+}
+/// out[i] = f(the i-th little-endian 16-bit value of `in`).
+template <class F> inline void get16_n(const std::byte* in, float* out, std::size_t n, F f) {
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint16_t b;
+    std::memcpy(&b, in + 2 * i, 2);
+    out[i] = f(b);
+  }
+}
+
+#if GRADSYNC_HOST_AVX2
+// F16C's VCVTPS2PH with round-to-nearest-even returns exactly
+// float_to_half_bits (NaN: quiet bit set, top payload bits kept; float
+// subnormals round to +-0 whatever MXCSR.DAZ says), and VCVTPH2PS exactly
+// half_bits_to_float; tests compare them on every input pattern. Each
+// converts whole groups of 8 and returns how many elements it did.
+[[gnu::target("avx2,f16c")]] inline std::size_t float_to_half_f16c(const float* in, std::byte* out,
+                                                                 std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  return i;
+}
+[[gnu::target("avx2,f16c")]] inline std::size_t half_to_float_f16c(const std::byte* in, float* out,
+                                                                 std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i))));
+  return i;
+}
+#endif
+
+/// out (n little-endian binary16 values) = float_to_half_bits(in[i]).
+inline void float_to_half_n(const float* in, std::byte* out, std::size_t n,
+                            host_isa isa = best_host_isa()) {
+  std::size_t i = 0;
+#if GRADSYNC_HOST_AVX2
+  if (isa == host_isa::avx2 && best_host_isa() == host_isa::avx2) i = float_to_half_f16c(in, out, n);
+#endif
+  (void)isa;
+  put16_n(in + i, out + 2 * i, n - i, float_to_half_bits);
+}
+/// out[i] = half_bits_to_float of the i-th little-endian binary16 of `in`.
+inline void half_to_float_n(const std::byte* in, float* out, std::size_t n,
+                            host_isa isa = best_host_isa()) {
+  std::size_t i = 0;
+#if GRADSYNC_HOST_AVX2
+  if (isa == host_isa::avx2 && best_host_isa() == host_isa::avx2) i = half_to_float_f16c(in, out, n);
+#endif
+  (void)isa;
+  get16_n(in + 2 * i, out + i, n - i, half_bits_to_float);
+}
+/// out (n little-endian bfloat16 values) = float_to_bf16_bits(in[i]).
+inline void float_to_bf16_n(const float* in, std::byte* out, std::size_t n,
+                            host_isa isa = best_host_isa()) {
+  host_vectorized(
+      isa, [](auto... a) { put16_n(a..., [](float f) { return float_to_bf16_bits(f); }); }, in, out, n);
+}
+/// out[i] = bf16_bits_to_float of the i-th little-endian bfloat16 of `in`.
+inline void bf16_to_float_n(const std::byte* in, float* out, std::size_t n,
+                            host_isa isa = best_host_isa()) {
+  host_vectorized(
+      isa, [](auto... a) { get16_n(a..., [](std::uint16_t b) { return bf16_bits_to_float(b); }); }, in, out,
+      n);
+}
 } // namespace detail
 
 /// IEEE 754 binary16 storage type. Trivially copyable, 2 bytes.
