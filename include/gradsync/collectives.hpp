@@ -30,9 +30,9 @@ namespace gradsync {
 namespace detail {
 
 template <class T> void check_span(std::span<T> s, const char* op, int rank, const char* what) {
-  require(s.data() != nullptr || s.empty(), op, rank,
+  GRADSYNC_REQUIRE(s.data() != nullptr || s.empty(), op, rank,
           std::string(what) + " is null but holds " + std::to_string(s.size()) + " elements");
-  require(s.size() <= std::numeric_limits<std::size_t>::max() / sizeof(T) / 2, op, rank,
+  GRADSYNC_REQUIRE(s.size() <= std::numeric_limits<std::size_t>::max() / sizeof(T) / 2, op, rank,
           std::string(what) + " size overflows");
 }
 
@@ -42,17 +42,17 @@ void check_alias(std::span<T> in, std::span<U> out, const char* op, int rank) {
   if (in.empty() || out.empty()) return;
   auto a = reinterpret_cast<std::uintptr_t>(in.data()), b = reinterpret_cast<std::uintptr_t>(out.data());
   const auto ae = a + in.size_bytes(), be = b + out.size_bytes();
-  require(a == b || ae <= b || be <= a, op, rank,
+  GRADSYNC_REQUIRE(a == b || ae <= b || be <= a, op, rank,
           "input and output overlap without being the same buffer");
 }
 
 inline void check_root(int root, int size, const char* op, int rank) {
-  require(root >= 0 && root < size, op, rank,
+  GRADSYNC_REQUIRE(root >= 0 && root < size, op, rank,
           "root " + std::to_string(root) + " out of range [0, " + std::to_string(size) + ")");
 }
 
 inline std::size_t mul_checked(std::size_t a, std::size_t b, const char* op, int rank) {
-  require(b == 0 || a <= std::numeric_limits<std::size_t>::max() / b, op, rank,
+  GRADSYNC_REQUIRE(b == 0 || a <= std::numeric_limits<std::size_t>::max() / b, op, rank,
           std::to_string(a) + " x " + std::to_string(b) + " elements overflows size_t");
   return a * b;
 }
@@ -69,15 +69,15 @@ inline const selector& selector_of(const options& o, const selector& fallback) {
 
 // Groups of a hierarchical allreduce; hier needs a group size or node_of.
 template <transport C> rank_groups hier_groups(const C& c, const options& o) {
-  require(o.group_size >= 0, "allreduce", c.rank(),
+  GRADSYNC_REQUIRE(o.group_size >= 0, "allreduce", c.rank(),
           "group_size " + std::to_string(o.group_size) + " is negative");
-  require(o.group_size > 0 || node_aware<C>, "allreduce", c.rank(),
+  GRADSYNC_REQUIRE(o.group_size > 0 || node_aware<C>, "allreduce", c.rank(),
           "algorithm 'hier' needs groups: set options::group_size, or use a transport with node_of()");
   return groups_of(c, o.group_size);
 }
 
 template <transport C> int grid_row_of(const C& c, const options& o) {
-  require(o.group_size >= 0, "allreduce", c.rank(),
+  GRADSYNC_REQUIRE(o.group_size >= 0, "allreduce", c.rank(),
           "group_size " + std::to_string(o.group_size) + " is negative");
   return o.group_size > 0 ? o.group_size : grid_row(c.size());
 }
@@ -87,8 +87,17 @@ template <transport C> int grid_row_of(const C& c, const options& o) {
 /// The communicator as the cost model sees it under options `o` (groups from
 /// o.group_size, else the transport's node_of, else none).
 template <transport C> topology topology_of(const C& c, const options& o = {}) {
-  const rank_groups g = groups_of(c, o.group_size > 0 ? o.group_size : 0);
-  return {c.size(), g.max_size(), g.count()};
+  const int p = c.size();
+  // Closed forms where no node map is needed: automatic calls this per call.
+  if (o.group_size > 0) return {p, std::min(o.group_size, p), (p + o.group_size - 1) / o.group_size};
+  if constexpr (requires { c.node_shape(); }) {
+    return {p, c.node_shape().largest, c.node_shape().count};
+  } else if constexpr (node_aware<C>) {
+    const rank_groups g = groups_of(c, 0);
+    return {p, g.max_size(), g.count()};
+  } else {
+    return {p, p, 1};
+  }
 }
 
 /// The schedule `allreduce` runs for `count` elements of T under `o`:
@@ -137,7 +146,7 @@ void allreduce(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> o
   const int r = c.rank();
   detail::check_span(in, name, r, "input");
   detail::check_span(out, name, r, "output");
-  require(out.size() >= in.size(), name, r,
+  GRADSYNC_REQUIRE(out.size() >= in.size(), name, r,
           "output holds " + std::to_string(out.size()) + " elements, input " +
               std::to_string(in.size()));
   detail::check_alias(in, out, name, r);
@@ -192,7 +201,7 @@ void reduce_scatter(C& c, std::type_identity_t<std::span<const T>> in, std::span
   detail::check_span(out, name, r, "output");
   const auto p = static_cast<std::size_t>(c.size());
   const std::size_t n = out.size();
-  require(in.size() == detail::mul_checked(n, p, name, r), name, r,
+  GRADSYNC_REQUIRE(in.size() == detail::mul_checked(n, p, name, r), name, r,
           "input holds " + std::to_string(in.size()) + " elements, expected ranks x output = " +
               std::to_string(p) + " x " + std::to_string(n));
   T* own = out.data();
@@ -231,7 +240,7 @@ void allgather(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> o
   detail::check_span(out, name, r, "output");
   const auto p = static_cast<std::size_t>(c.size());
   const std::size_t n = in.size();
-  require(out.size() == detail::mul_checked(n, p, name, r), name, r,
+  GRADSYNC_REQUIRE(out.size() == detail::mul_checked(n, p, name, r), name, r,
           "output holds " + std::to_string(out.size()) + " elements, expected ranks x input = " +
               std::to_string(p) + " x " + std::to_string(n));
   T* own = out.data() + n * static_cast<std::size_t>(r);
@@ -304,7 +313,7 @@ void reduce(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> out,
   detail::check_span(out, name, r, "output");
   detail::check_root(root, c.size(), name, r);
   if (r == root) {
-    require(out.size() >= in.size(), name, r,
+    GRADSYNC_REQUIRE(out.size() >= in.size(), name, r,
             "root output holds " + std::to_string(out.size()) + " elements, input " +
                 std::to_string(in.size()));
     detail::check_alias(in, out, name, r);

@@ -91,10 +91,10 @@ template <transport C, element T, reduce_op Op>
 void allreduce(C& c, const T* in, T* out, std::size_t count, Op op, const rank_groups& groups,
                algorithm inner, const selector& sel, std::size_t seg_bytes, int tag, T* scratch) {
   const int r = c.rank();
-  require(static_cast<int>(groups.group_of.size()) == c.size(), "allreduce", r,
+  GRADSYNC_REQUIRE(static_cast<int>(groups.group_of.size()) == c.size(), "allreduce", r,
           "hier: groups describe " + std::to_string(groups.group_of.size()) + " ranks, the communicator has " +
               std::to_string(c.size()));
-  require(inner == algorithm::automatic || is_flat(inner), "allreduce", r,
+  GRADSYNC_REQUIRE(inner == algorithm::automatic || is_flat(inner), "allreduce", r,
           "hier: inner algorithm '" + std::string(algorithm_name(inner)) + "' is not a single-level schedule");
   const auto& mine = groups.members[static_cast<std::size_t>(groups.group_of[static_cast<std::size_t>(r)])];
   subgroup<C> local(c, mine, 0);
@@ -117,7 +117,7 @@ void allreduce(C& c, const T* in, T* out, std::size_t count, Op op, const rank_g
 template <transport L, transport X, element T, reduce_op Op>
 void allreduce(L& local, X& cross, const T* in, T* out, std::size_t count, Op op, algorithm inner,
                const selector& sel, std::size_t seg_bytes, int tag, T* scratch) {
-  require(inner == algorithm::automatic || is_flat(inner), "allreduce", local.rank(),
+  GRADSYNC_REQUIRE(inner == algorithm::automatic || is_flat(inner), "allreduce", local.rank(),
           "hier: inner algorithm '" + std::string(algorithm_name(inner)) + "' is not a single-level schedule");
   const int m = cross.size();
   run(local, local.size(), in, out, count, op, local.size() * m, seg_bytes, tag, scratch,

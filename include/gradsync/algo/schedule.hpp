@@ -56,10 +56,10 @@ public:
     if (n == 0) return;
     const std::size_t need = n * sizeof(T);
     if (!ws.empty()) {
-      require(ws.size() >= need, op, rank,
+      GRADSYNC_REQUIRE(ws.size() >= need, op, rank,
               "workspace holds " + std::to_string(ws.size()) + " bytes, " +
                   std::to_string(need) + " are needed (ask *_workspace_bytes)");
-      require(reinterpret_cast<std::uintptr_t>(ws.data()) % alignof(T) == 0, op, rank,
+      GRADSYNC_REQUIRE(reinterpret_cast<std::uintptr_t>(ws.data()) % alignof(T) == 0, op, rank,
               "workspace is not aligned to " + std::to_string(alignof(T)) + " bytes");
       p_ = reinterpret_cast<T*>(ws.data());
     } else {

@@ -32,6 +32,7 @@
 #include "../core/policy.hpp"
 #include "../core/reduce.hpp"
 #include "../transport/subgroup.hpp"
+#include "dissemination.hpp"
 #include "options.hpp"
 #include "ring.hpp"
 #include "schedule.hpp"
@@ -345,29 +346,44 @@ template <class F> double best_seconds(int iters, F f) {
   return best;
 }
 
-/// Half the round trip of `bytes` between ranks a and b (best of `iters`),
-/// 0 on every other rank.
+/// One step of a schedule as collectives run it, every rank busy at once:
+/// each rank sends `bytes` to `to` and receives as many from `from` (-1: no
+/// such message this step). Mean seconds of `iters` steps on this rank (0
+/// if it has nothing to do). Timing all ranks together, rather than a
+/// ping-pong between two while the rest idle, charges what a real step
+/// costs: with more ranks than cores (in-process threads) a step waits for
+/// the cores, and every pair shares the memory bandwidth.
 template <transport C>
-double half_round_trip(C& c, int a, int b, std::size_t bytes, int iters, int tag) {
-  const int r = c.rank();
-  if ((r != a && r != b) || a == b) return 0;
-  std::vector<std::byte> buf(bytes);
-  const int peer = r == a ? b : a;
-  return best_seconds(iters, [&] {
-           if (r == a) {
-             c.isend(buf, peer, tag).wait();
-             c.irecv(buf, peer, tag).wait();
-           } else {
-             c.irecv(buf, peer, tag).wait();
-             c.isend(buf, peer, tag).wait();
-           }
-         }) / 2;
+double exchange_step(C& c, int to, int from, std::size_t bytes, int iters, int tag) {
+  if (to < 0 && from < 0) return 0;
+  std::vector<std::byte> out(bytes), in(bytes);
+  std::optional<decltype(c.irecv(std::span<std::byte>(in), from, tag))> rq;
+  std::optional<decltype(c.isend(std::span<const std::byte>(out), to, tag))> sq;
+  auto step = [&] {
+    if (from >= 0) rq.emplace(c.irecv(std::span<std::byte>(in), from, tag));
+    if (to >= 0) sq.emplace(c.isend(std::span<const std::byte>(out), to, tag));
+    if (rq) rq->wait();
+    if (sq) sq->wait();
+    rq.reset();
+    sq.reset();
+  };
+  step(); // warm: buffers faulted in, peers awake
+  // The mean, not the best: with more ranks than cores the best step is one
+  // in which the pair happened to have the cores to itself, which a
+  // collective's steps do not.
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int k = 0; k < iters; ++k) step();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
 }
 
-/// alpha and beta of the link between ranks a and b (0 elsewhere).
-template <transport C> link_cost measure_link(C& c, int a, int b, int tag) {
-  const double small = half_round_trip(c, a, b, 8, policy::calibrate_iters, tag);
-  const double large = half_round_trip(c, a, b, policy::calibrate_bytes, policy::calibrate_iters / 4 + 1, tag);
+/// alpha and beta of one exchange step with partners `to` and `from` (-1:
+/// none), measured on every rank at once (see exchange_step).
+template <transport C> link_cost measure_step(C& c, int to, int from, int tag) {
+  // Start together (the barrier's own tag: its messages cannot match a step's).
+  algo::dissemination::barrier(c, tag + 1);
+  const double small = exchange_step(c, to, from, 8, policy::calibrate_iters, tag);
+  algo::dissemination::barrier(c, tag + 1);
+  const double large = exchange_step(c, to, from, policy::calibrate_bytes, policy::calibrate_iters / 4 + 1, tag);
   link_cost l;
   l.alpha = small;
   l.beta = std::max(0.0, large - small) / static_cast<double>(policy::calibrate_bytes);
@@ -426,10 +442,11 @@ inline std::int64_t fnv1a(std::string_view s) {
 } // namespace detail
 
 /// Builds a selector collectively (every rank must call it, with the same
-/// `group_size`): times a ping-pong inside a group and, when there are
-/// several groups, between groups (groups as in groups_of: blocks of
-/// `group_size`, else the transport's nodes), and the float reduce kernel on
-/// every rank; reads GRADSYNC_ALGO once. The measurements (the slowest rank's
+/// `group_size`): times one exchange step with every rank busy at once (see
+/// exchange_step: 8 bytes for alpha, policy::calibrate_bytes for beta)
+/// around each group and, when there are several groups, between
+/// neighbouring groups (groups as in groups_of: blocks of `group_size`, else
+/// the transport's nodes), and the float reduce kernel on every rank; reads GRADSYNC_ALGO once. The measurements (the slowest rank's
 /// gamma and memcpy cost) and the table are agreed by an allreduce, so every
 /// rank returns the same selector. On a transport with a shared-memory arena
 /// it also times the direct allreduce of 4 bytes (the arena's sync) and of
@@ -437,13 +454,10 @@ inline std::int64_t fnv1a(std::string_view s) {
 /// reads the arena's size; elsewhere the arena's sync is the local alpha and
 /// its copy cost the memcpy's. Throws on every rank if any rank's GRADSYNC_ALGO is
 /// malformed or differs from the others'. Costs about 2 x
-/// policy::calibrate_iters round trips plus a few reduce-kernel passes.
+/// policy::calibrate_iters exchange steps plus a few reduce-kernel passes.
 template <transport C> selector calibrate(C& c, int group_size = 0, const options& o = {}) {
   const int p = c.size(), r = c.rank();
   const rank_groups groups = groups_of(c, group_size);
-  const auto& first = groups.members.front();
-  const int local_peer = first.size() > 1 ? first[1] : 0;
-  const int global_peer = groups.count() > 1 ? groups.members[1].front() : 0;
   // The environment is parsed first but errors are raised only after the
   // agreement below, so a rank with a bad value cannot leave others waiting.
   const char* env = std::getenv("GRADSYNC_ALGO");
@@ -455,12 +469,24 @@ template <transport C> selector calibrate(C& c, int group_size = 0, const option
   } catch (const error& e) {
     parse_error = e;
   }
-  const link_cost local = detail::measure_link(c, 0, local_peer, o.tag);
-  const link_cost global = detail::measure_link(c, 0, global_peer, o.tag);
+  // Local step: a shift around each group; global step: a shift between
+  // neighbouring groups, rank i of group k to rank i of group k+1.
+  const int k = groups.group_of[static_cast<std::size_t>(r)], ng = groups.count();
+  const auto& mine = groups.members[static_cast<std::size_t>(k)];
+  const int g = static_cast<int>(mine.size());
+  const int i = static_cast<int>(std::find(mine.begin(), mine.end(), r) - mine.begin());
+  const int lto = g > 1 ? mine[static_cast<std::size_t>((i + 1) % g)] : -1;
+  const int lfrom = g > 1 ? mine[static_cast<std::size_t>((i + g - 1) % g)] : -1;
+  auto member = [&](int group, int idx) {
+    const auto& mem = groups.members[static_cast<std::size_t>(group)];
+    return ng > 1 && idx < static_cast<int>(mem.size()) ? mem[static_cast<std::size_t>(idx)] : -1;
+  };
+  const link_cost local = detail::measure_step(c, lto, lfrom, o.tag);
+  const link_cost global = detail::measure_step(c, member((k + 1) % ng, i), member((k + ng - 1) % ng, i), o.tag);
   const detail::direct_times direct = detail::time_direct(c);
   const detail::kernel_costs kernels = detail::measure_kernels();
   const double h = static_cast<double>(detail::fnv1a(spec));
-  // max over ranks of: measurements (others contribute 0), gamma, the table's
+  // max over ranks of: step times (the slowest rank's), gamma, the table's
   // hash and its negation (equal everywhere iff max(h) == -max(-h)), error
   // flag, memcpy cost, the direct allreduce's times.
   std::vector<double> v{local.alpha, local.beta, global.alpha, global.beta, kernels.gamma,
@@ -473,7 +499,7 @@ template <transport C> selector calibrate(C& c, int group_size = 0, const option
     if (parse_error) throw error(parse_error->op(), r, -1, parse_error->reason());
     throw error("GRADSYNC_ALGO", r, -1, "malformed on another rank");
   }
-  require(v[5] == -v[6], "GRADSYNC_ALGO", r, "differs between ranks (this rank: '" + spec + "')");
+  GRADSYNC_REQUIRE(v[5] == -v[6], "GRADSYNC_ALGO", r, "differs between ranks (this rank: '" + spec + "')");
   cost_model m;
   m.local = {v[0], v[1], v[4]};
   m.global = groups.count() > 1 ? link_cost{v[2], v[3], v[4]} : m.local;

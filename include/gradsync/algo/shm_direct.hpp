@@ -187,7 +187,7 @@ void allreduce(C& c, const T* in, T* out, std::size_t count, Op op) {
   using namespace detail;
   const char* name = "allreduce";
   const std::size_t cap = half_bytes(c) / sizeof(T);
-  require(cap >= static_cast<std::size_t>(p), name, r, "shm arena too small for this rank count");
+  GRADSYNC_REQUIRE(cap >= static_cast<std::size_t>(p), name, r, "shm arena too small for this rank count");
   const std::uint64_t sig = signature<T>(call::allreduce, count, Op::kind);
   std::uint64_t& epoch = c.arena_epoch();
   auto to_arena = [&](T* dst, const T* src, std::size_t n) {
@@ -261,7 +261,7 @@ void reduce_scatter(C& c, const T* in, T* out, std::size_t n, Op op) {
   const char* name = "reduce_scatter";
   const auto P = static_cast<std::size_t>(p), R = static_cast<std::size_t>(r);
   const std::size_t cap = half_bytes(c) / sizeof(T);
-  require(cap >= P, name, r, "shm arena too small for this rank count");
+  GRADSYNC_REQUIRE(cap >= P, name, r, "shm arena too small for this rank count");
   const std::uint64_t sig = signature<T>(call::reduce_scatter, n, Op::kind);
   const std::size_t sh = share<T>(n * P, P, cap); // piece of every block per round
   const bool stream = n * P * sizeof(T) >= policy::shm_stream_out_bytes;

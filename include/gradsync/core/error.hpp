@@ -48,4 +48,13 @@ inline void require(bool cond, const char* op, int rank, const std::string& reas
   if (!cond) throw error(op, rank, peer, reason);
 }
 
+/// require() for hot paths: the reason (and the peer) are evaluated only when
+/// `cond` fails, so a passing check costs a compare, not a string build
+/// (validation runs on every collective call).
+/// Usage: GRADSYNC_REQUIRE(cond, op, rank, reason[, peer]).
+#define GRADSYNC_REQUIRE(cond, ...)                                                                \
+  do {                                                                                             \
+    if (!(cond)) ::gradsync::require(false, __VA_ARGS__);                                          \
+  } while (0)
+
 } // namespace gradsync

@@ -101,7 +101,7 @@ inline bool block_until(op_state& s, std::chrono::steady_clock::time_point until
 class world {
 public:
   explicit world(int n) : boxes_(static_cast<std::size_t>(n > 0 ? n : 0)), n_(n) {
-    require(n >= 1, "inproc.world", -1, "rank count must be >= 1, got " + std::to_string(n));
+    GRADSYNC_REQUIRE(n >= 1, "inproc.world", -1, "rank count must be >= 1, got " + std::to_string(n));
     spin_ = n <= static_cast<int>(std::thread::hardware_concurrency());
   }
   int size() const noexcept { return n_; }
@@ -229,8 +229,8 @@ public:
   static constexpr std::string_view name = "inproc";
 
   communicator(std::shared_ptr<world> w, int rank) : w_(std::move(w)), rank_(rank) {
-    require(w_ != nullptr, "inproc.communicator", rank, "null world");
-    require(rank >= 0 && rank < w_->size(), "inproc.communicator", rank,
+    GRADSYNC_REQUIRE(w_ != nullptr, "inproc.communicator", rank, "null world");
+    GRADSYNC_REQUIRE(rank >= 0 && rank < w_->size(), "inproc.communicator", rank,
             "rank out of range [0, " + std::to_string(w_->size()) + ")");
   }
   int rank() const noexcept { return rank_; }
@@ -317,7 +317,7 @@ private:
     return request(std::move(st), false, w_->timeout());
   }
   void check_peer(const char* op, int peer) const {
-    require(peer >= 0 && peer < size(), op, rank_,
+    GRADSYNC_REQUIRE(peer >= 0 && peer < size(), op, rank_,
             "peer " + std::to_string(peer) + " out of range [0, " + std::to_string(size()) + ")");
   }
   std::shared_ptr<world> w_;

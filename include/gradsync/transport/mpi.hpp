@@ -231,7 +231,7 @@ public:
   static constexpr std::string_view name = "mpi";
 
   explicit communicator(MPI_Comm user = MPI_COMM_WORLD) {
-    require(detail::initialized(), "mpi.communicator", -1,
+    GRADSYNC_REQUIRE(detail::initialized(), "mpi.communicator", -1,
             "MPI is not initialised: create a gradsync::mpi::session or call MPI_Init first");
     detail::check(MPI_Comm_dup(user, &comm_), "mpi.communicator", -1);
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
@@ -247,10 +247,14 @@ public:
     MPI_Comm_free(&local);
     node_.resize(static_cast<std::size_t>(size_));
     MPI_Allgather(&lowest, 1, MPI_INT, node_.data(), 1, MPI_INT, comm_);
+    for (int r = 0; r < size_; ++r) { // node q is numbered q = its lowest rank
+      if (node_[static_cast<std::size_t>(r)] == r) ++shape_.count;
+      shape_.largest = std::max(shape_.largest, static_cast<int>(std::count(node_.begin(), node_.end(), node_[static_cast<std::size_t>(r)])));
+    }
   }
   communicator(communicator&& o) noexcept
       : comm_(std::exchange(o.comm_, MPI_COMM_NULL)), rank_(o.rank_), size_(o.size_),
-        node_(std::move(o.node_)), timeout_(o.timeout_) {}
+        node_(std::move(o.node_)), shape_(o.shape_), timeout_(o.timeout_) {}
   communicator& operator=(communicator&& o) noexcept {
     if (this != &o) {
       release();
@@ -258,6 +262,7 @@ public:
       rank_ = o.rank_;
       size_ = o.size_;
       node_ = std::move(o.node_);
+      shape_ = o.shape_;
       timeout_ = o.timeout_;
     }
     return *this;
@@ -270,10 +275,16 @@ public:
   int size() const noexcept { return size_; }
   /// Node (shared-memory domain) of rank `r`, numbered by its lowest rank.
   int node_of(int r) const {
-    require(r >= 0 && r < size_, "mpi.node_of", rank_,
+    GRADSYNC_REQUIRE(r >= 0 && r < size_, "mpi.node_of", rank_,
             "rank " + std::to_string(r) + " out of range [0, " + std::to_string(size_) + ")");
     return node_[static_cast<std::size_t>(r)];
   }
+  /// How many nodes, and the most ranks on one (fixed at construction, so
+  /// the automatic algorithm choice need not rebuild the node map per call).
+  struct node_shape_t {
+    int count = 0, largest = 0;
+  };
+  node_shape_t node_shape() const noexcept { return shape_; }
   /// The private duplicate communicator gradsync uses.
   MPI_Comm native() const noexcept { return comm_; }
   /// How long a wait blocks before failing (default policy::default_timeout).
@@ -292,7 +303,7 @@ public:
 private:
   request post(bool is_send, std::byte* p, std::size_t n, int peer, int tag) {
     const char* op = is_send ? "mpi.send" : "mpi.recv";
-    require(peer >= 0 && peer < size_, op, rank_,
+    GRADSYNC_REQUIRE(peer >= 0 && peer < size_, op, rank_,
             "peer " + std::to_string(peer) + " out of range [0, " + std::to_string(size_) + ")");
     request r;
     r.op_ = op;
@@ -321,6 +332,7 @@ private:
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   std::vector<int> node_;
+  node_shape_t shape_;
   std::chrono::milliseconds timeout_ = policy::default_timeout;
 };
 
@@ -405,7 +417,7 @@ private:
 };
 
 inline int int_count(std::size_t n, const char* op, int rank) {
-  require(n <= static_cast<std::size_t>(INT_MAX), op, rank,
+  GRADSYNC_REQUIRE(n <= static_cast<std::size_t>(INT_MAX), op, rank,
           "native MPI baseline limited to INT_MAX elements per block");
   return static_cast<int>(n);
 }
@@ -414,7 +426,7 @@ inline int int_count(std::size_t n, const char* op, int rank) {
 /// MPI_Allreduce (in place when in and out are the same buffer).
 template <element T, reduce_op Op = op::sum>
 void allreduce(communicator& c, std::type_identity_t<std::span<const T>> in, std::span<T> out, Op op = {}) {
-  require(out.size() >= in.size(), "native.allreduce", c.rank(), "output smaller than input");
+  GRADSYNC_REQUIRE(out.size() >= in.size(), "native.allreduce", c.rank(), "output smaller than input");
   detail::op_handle<T, Op> h;
   const std::size_t step = INT_MAX;
   for (std::size_t off = 0; off < in.size(); off += step) {
@@ -429,7 +441,7 @@ void allreduce(communicator& c, std::type_identity_t<std::span<const T>> in, std
 /// MPI_Reduce_scatter_block: in holds size() blocks of out.size() elements.
 template <element T, reduce_op Op = op::sum>
 void reduce_scatter(communicator& c, std::type_identity_t<std::span<const T>> in, std::span<T> out, Op op = {}) {
-  require(in.size() == out.size() * static_cast<std::size_t>(c.size()), "native.reduce_scatter",
+  GRADSYNC_REQUIRE(in.size() == out.size() * static_cast<std::size_t>(c.size()), "native.reduce_scatter",
           c.rank(), "input must hold ranks x output elements");
   detail::op_handle<T, Op> h;
   const int n = detail::int_count(out.size(), "native.reduce_scatter", c.rank());
@@ -442,7 +454,7 @@ void reduce_scatter(communicator& c, std::type_identity_t<std::span<const T>> in
 /// MPI_Allgather: out holds size() blocks of in.size() elements.
 template <element T>
 void allgather(communicator& c, std::type_identity_t<std::span<const T>> in, std::span<T> out) {
-  require(out.size() == in.size() * static_cast<std::size_t>(c.size()), "native.allgather", c.rank(),
+  GRADSYNC_REQUIRE(out.size() == in.size() * static_cast<std::size_t>(c.size()), "native.allgather", c.rank(),
           "output must hold ranks x input elements");
   const int n = detail::int_count(in.size(), "native.allgather", c.rank());
   gradsync::mpi::detail::check(MPI_Allgather(in.data(), n, datatype<T>(), out.data(), n, datatype<T>(), c.native()),

@@ -304,7 +304,7 @@ public:
       if (fd < 0 && errno != EEXIST)
         throw error("shm.create", 0, -1, "shm_open(" + name_ + ") failed: " + sys_error(errno));
     }
-    require(fd >= 0, "shm.create", 0, "could not find an unused segment name");
+    GRADSYNC_REQUIRE(fd >= 0, "shm.create", 0, "could not find an unused segment name");
     // posix_fallocate reserves the pages now: a full /dev/shm fails here with
     // an error instead of SIGBUS on first touch.
     int rc = ::ftruncate(fd, static_cast<off_t>(l.total));
@@ -648,9 +648,9 @@ private:
 
   op_ptr make(bool is_send, std::byte* buf, std::size_t n, int peer, int tag) {
     const char* op = is_send ? "shm.send" : "shm.recv";
-    require(peer >= 0 && peer < size_, op, rank_,
+    GRADSYNC_REQUIRE(peer >= 0 && peer < size_, op, rank_,
             "peer " + std::to_string(peer) + " out of range [0, " + std::to_string(size_) + ")");
-    require(buf != nullptr || n == 0, op, rank_, "null buffer of " + std::to_string(n) + " bytes", peer);
+    GRADSYNC_REQUIRE(buf != nullptr || n == 0, op, rank_, "null buffer of " + std::to_string(n) + " bytes", peer);
     auto s = std::make_shared<op_state>();
     s->is_send = is_send;
     s->buf = buf;
@@ -811,9 +811,9 @@ private:
       case nack: on_answer(q, f); break;
       case first: open(q, in, f); [[fallthrough]];
       case more: {
-        require(f.kind == first || in.open, "shm.recv", rank_, "corrupt frame stream", q);
+        GRADSYNC_REQUIRE(f.kind == first || in.open, "shm.recv", rank_, "corrupt frame stream", q);
         const std::size_t len = f.len;
-        require(in.received + len <= in.total, "shm.recv", rank_, "corrupt frame stream", q);
+        GRADSYNC_REQUIRE(in.received + len <= in.total, "shm.recv", rank_, "corrupt frame stream", q);
         std::byte* dst = in.dst ? in.dst + in.received : nullptr;
         if (f.total <= inline_bytes) {
           if (dst && len) std::memcpy(dst, f.payload, len);
@@ -825,7 +825,7 @@ private:
         if (in.received == in.total) close(in);
         break;
       }
-      default: require(false, "shm.recv", rank_, "corrupt frame stream (kind " + std::to_string(f.kind) + ")", q);
+      default: GRADSYNC_REQUIRE(false, "shm.recv", rank_, "corrupt frame stream (kind " + std::to_string(f.kind) + ")", q);
       }
       in.head += f.kind == ack || f.kind == nack ? cell : frame_span(f.total, f.len);
       ctl.head.store(in.head, std::memory_order_release);
@@ -1012,7 +1012,7 @@ inline void join(segment& seg, int rank, int size, const std::function<void()>& 
   auto& h = seg.hdr();
   auto& me = seg.slot(rank);
   std::int32_t none = 0;
-  require(me.pid.compare_exchange_strong(none, static_cast<std::int32_t>(::getpid())), "shm.attach",
+  GRADSYNC_REQUIRE(me.pid.compare_exchange_strong(none, static_cast<std::int32_t>(::getpid())), "shm.attach",
           rank, "rank " + std::to_string(rank) + " is already attached (pid " + std::to_string(none) +
                     "): two processes were given the same rank");
   me.state.store(attached, std::memory_order_release);
@@ -1111,7 +1111,7 @@ public:
   communicator(const std::filesystem::path& dir, int rank, int size) {
     check_args(rank, size);
     std::error_code ec;
-    require(std::filesystem::is_directory(dir, ec), "shm.communicator", rank,
+    GRADSYNC_REQUIRE(std::filesystem::is_directory(dir, ec), "shm.communicator", rank,
             "rendezvous directory " + dir.string() + " does not exist");
     const auto file = dir / "gradsync-shm.rendezvous";
     auto cleanup = [file] {
@@ -1170,7 +1170,7 @@ public:
     } else {
       const std::string nm = share(std::string());
       const std::string why = seg->attach(nm, size, rank);
-      require(why.empty(), "shm.communicator", rank, "cannot attach: " + why);
+      GRADSYNC_REQUIRE(why.empty(), "shm.communicator", rank, "cannot attach: " + why);
     }
     detail::join(*seg, rank, size, nullptr);
     e_ = std::make_shared<detail::engine>(std::move(seg), rank, size);
@@ -1225,8 +1225,8 @@ public:
 
 private:
   static void check_args(int rank, int size) {
-    require(size >= 1, "shm.communicator", rank, "rank count must be >= 1, got " + std::to_string(size));
-    require(rank >= 0 && rank < size, "shm.communicator", rank,
+    GRADSYNC_REQUIRE(size >= 1, "shm.communicator", rank, "rank count must be >= 1, got " + std::to_string(size));
+    GRADSYNC_REQUIRE(rank >= 0 && rank < size, "shm.communicator", rank,
             "rank out of range [0, " + std::to_string(size) + ")");
   }
 

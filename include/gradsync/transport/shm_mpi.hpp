@@ -29,7 +29,7 @@ inline communicator from_mpi(MPI_Comm comm) {
   MPI_Comm_free(&local);
   int all_local = local_size == size ? 1 : 0;
   MPI_Allreduce(MPI_IN_PLACE, &all_local, 1, MPI_INT, MPI_MIN, comm);
-  require(all_local == 1, op, rank,
+  GRADSYNC_REQUIRE(all_local == 1, op, rank,
           "the MPI communicator spans several nodes; the shm transport needs every rank on one node");
   // Rank 0 broadcasts the name; an empty name means it failed to create one
   // (every rank then fails instead of waiting for a segment that never comes).
@@ -38,7 +38,7 @@ inline communicator from_mpi(MPI_Comm comm) {
     if (rank == 0) mine.copy(buf, sizeof buf - 1);
     gradsync::mpi::detail::check(MPI_Bcast(buf, sizeof buf, MPI_CHAR, 0, comm), op, rank);
     const std::string name(buf);
-    require(!name.empty(), op, rank, "rank 0 could not create the shared segment");
+    GRADSYNC_REQUIRE(!name.empty(), op, rank, "rank 0 could not create the shared segment");
     return name;
   });
 }

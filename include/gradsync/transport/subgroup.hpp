@@ -95,13 +95,13 @@ public:
     const char* op = "subgroup";
     std::vector<int> sorted = members_;
     std::sort(sorted.begin(), sorted.end());
-    require(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(), op, pr,
+    GRADSYNC_REQUIRE(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(), op, pr,
             "a parent rank is listed twice");
     for (int m : members_)
-      require(m >= 0 && m < parent.size(), op, pr,
+      GRADSYNC_REQUIRE(m >= 0 && m < parent.size(), op, pr,
               "member " + std::to_string(m) + " out of range [0, " + std::to_string(parent.size()) + ")");
     const auto it = std::find(members_.begin(), members_.end(), pr);
-    require(it != members_.end(), op, pr, "the calling rank is not a member");
+    GRADSYNC_REQUIRE(it != members_.end(), op, pr, "the calling rank is not a member");
     rank_ = static_cast<int>(it - members_.begin());
   }
 
@@ -126,7 +126,7 @@ public:
 
 private:
   int to_parent(int peer, const char* op) const {
-    require(peer >= 0 && peer < size(), op, rank_,
+    GRADSYNC_REQUIRE(peer >= 0 && peer < size(), op, rank_,
             "peer " + std::to_string(peer) + " out of range [0, " + std::to_string(size()) + ")");
     return members_[static_cast<std::size_t>(peer)];
   }
