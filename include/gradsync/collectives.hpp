@@ -63,8 +63,9 @@ inline std::size_t mul_checked(std::size_t a, std::size_t b, const char* op, int
 }
 
 // The selector `automatic` consults: the caller's, else `fallback` (defaults).
-inline const selector& selector_of(const options& o, const selector& fallback) {
-  return o.select ? *o.select : fallback;
+inline const selector& selector_of(const options& o) {
+  static const selector defaults; // immutable: the policy.hpp model, no table
+  return o.select ? *o.select : defaults;
 }
 
 // Groups of a hierarchical allreduce; hier needs a group size or node_of.
@@ -106,8 +107,7 @@ template <transport C> topology topology_of(const C& c, const options& o = {}) {
 template <element T, transport C>
 algorithm allreduce_algorithm(const C& c, std::size_t count, const options& o = {}) {
   if (o.algo != algorithm::automatic) return o.algo;
-  const selector fallback;
-  const selector& sel = detail::selector_of(o, fallback);
+  const selector& sel = detail::selector_of(o);
   // Over shared memory the arena allreduce beats every message schedule at
   // every size (core/policy.hpp, shm section); the override table still wins.
   if constexpr (algo::shm_direct::arena_transport<C>)
@@ -115,24 +115,32 @@ algorithm allreduce_algorithm(const C& c, std::size_t count, const options& o = 
   return sel.choose(count * sizeof(T), topology_of(c, o), detail::segment_bytes(o));
 }
 
-/// Scratch bytes `allreduce` needs for `count` elements of T with options `o`
-/// (pass a buffer this large as `o.workspace` to avoid a per-call allocation).
+namespace detail {
+// Scratch bytes of allreduce schedule `a` (already chosen) for `count` elements.
 template <element T, transport C>
-std::size_t allreduce_workspace_bytes(const C& c, std::size_t count, const options& o = {}) {
-  const std::size_t seg = detail::segment_bytes(o);
-  switch (const algorithm a = allreduce_algorithm<T>(c, count, o)) {
+std::size_t allreduce_scratch_bytes(algorithm a, const C& c, std::size_t count, const options& o) {
+  const std::size_t seg = segment_bytes(o);
+  switch (a) {
   case algorithm::hier: {
-    const rank_groups g = detail::hier_groups(c, o);
+    const rank_groups g = hier_groups(c, o);
     return algo::hierarchical::allreduce_scratch_elems(count, sizeof(T), seg, g.max_size(), g.count()) *
            sizeof(T);
   }
   case algorithm::twod: {
-    const int row = detail::grid_row_of(c, o);
+    const int row = grid_row_of(c, o);
     return algo::hierarchical::allreduce_scratch_elems(count, sizeof(T), seg, row,
                                                        (c.size() + row - 1) / row) * sizeof(T);
   }
   default: return algo::flat_scratch_elems(a, count, sizeof(T), seg, c.size()) * sizeof(T);
   }
+}
+} // namespace detail
+
+/// Scratch bytes `allreduce` needs for `count` elements of T with options `o`
+/// (pass a buffer this large as `o.workspace` to avoid a per-call allocation).
+template <element T, transport C>
+std::size_t allreduce_workspace_bytes(const C& c, std::size_t count, const options& o = {}) {
+  return detail::allreduce_scratch_bytes<T>(allreduce_algorithm<T>(c, count, o), c, count, o);
 }
 
 /// Allreduce, out of place: `out[i] = op over ranks of in[i]`. `out` must hold
@@ -151,8 +159,7 @@ void allreduce(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> o
               std::to_string(in.size()));
   detail::check_alias(in, out, name, r);
   const std::size_t count = in.size();
-  const selector fallback;
-  const selector& sel = detail::selector_of(o, fallback);
+  const selector& sel = detail::selector_of(o);
   const algorithm a = allreduce_algorithm<T>(c, count, o);
   const std::size_t seg = detail::segment_bytes(o);
   if (a == algorithm::direct) {
@@ -161,7 +168,7 @@ void allreduce(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> o
     detail::unsupported(name, r, a);
   }
   if (a != algorithm::hier && a != algorithm::twod && !algo::is_flat(a)) detail::unsupported(name, r, a);
-  algo::scratch<T> ws(o.workspace, allreduce_workspace_bytes<T>(c, count, o) / sizeof(T), name, r);
+  algo::scratch<T> ws(o.workspace, detail::allreduce_scratch_bytes<T>(a, c, count, o) / sizeof(T), name, r);
   switch (a) {
   case algorithm::hier:
     algo::hierarchical::allreduce(c, in.data(), out.data(), count, op, detail::hier_groups(c, o), o.inner,
@@ -268,8 +275,7 @@ namespace detail {
 template <transport C>
 algorithm rooted_algorithm(const C& c, std::size_t bytes, bool is_reduce, const options& o) {
   if (o.algo != algorithm::automatic) return o.algo;
-  const selector fallback;
-  return selector_of(o, fallback).choose_rooted(bytes, c.size(), is_reduce, segment_bytes(o));
+  return selector_of(o).choose_rooted(bytes, c.size(), is_reduce, segment_bytes(o));
 }
 } // namespace detail
 

@@ -92,9 +92,12 @@ struct cost_model {
   /// link `l` (`seg`: pipeline segment bytes). NaN for hier/twod/automatic.
   static double flat(algorithm a, double n, int p, const link_cost& l, double seg) {
     if (p <= 1) return 0;
-    const double lg = std::ceil(std::log2(p));
+    // Integer logarithms (bit operations, exact): this runs on every
+    // automatic call, where libm's log2 was a tenth of an 8-byte allreduce.
+    const auto up = static_cast<unsigned>(p);
+    const double lg = std::bit_width(up - 1); // ceil(log2 p)
     const int pof2 = static_cast<int>(std::bit_floor(static_cast<unsigned>(p)));
-    const double k2 = std::log2(pof2), fold = p == pof2 ? 0 : 1, q = (pof2 - 1.0) / pof2;
+    const double k2 = std::countr_zero(static_cast<unsigned>(pof2)), fold = p == pof2 ? 0 : 1, q = (pof2 - 1.0) / pof2;
     switch (a) {
     case algorithm::ring:
       return 2 * (p - 1) * l.alpha + 2.0 * (p - 1) / p * n * l.beta + (p - 1.0) / p * n * l.gamma;
@@ -105,7 +108,7 @@ struct cost_model {
     case algorithm::rabenseifner:
       return (2 * k2 + 2 * fold) * l.alpha + (2 * q + 2 * fold) * n * l.beta + (q + fold) * n * l.gamma;
     case algorithm::dbtree: {
-      const double h = std::floor(std::log2(p)); // height of the heap tree
+      const double h = std::bit_width(up) - 1; // floor(log2 p): height of the heap tree
       const double k = std::max(1.0, std::ceil(n / 2 / seg)), s = n / 2 / k;
       return (k + 2 * h) * (4 * l.alpha + 4 * s * l.beta + 2 * s * l.gamma);
     }
@@ -170,7 +173,8 @@ struct cost_model {
     const auto n = static_cast<double>(bytes);
     const link_cost& l = local;
     const double g = reduce ? l.gamma : 0;
-    if (a == algorithm::tree) return std::ceil(std::log2(p)) * (l.alpha + n * (l.beta + g));
+    if (a == algorithm::tree)
+      return std::bit_width(static_cast<unsigned>(p) - 1) * (l.alpha + n * (l.beta + g)); // ceil(log2 p) steps
     const double k = std::max(1.0, std::ceil(n / static_cast<double>(seg))), s = n / k;
     return (p - 2 + k) * (l.alpha + s * (l.beta + g));
   }
