@@ -3,7 +3,9 @@
 // non-finite inputs, corruption.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <limits>
 #include <random>
@@ -182,4 +184,33 @@ TEST_CASE("approx top-k decoders reject truncated, corrupted and inconsistent pa
   bad = std::numeric_limits<double>::quiet_NaN();
   std::memcpy(&bits, &bad, 8);
   corrupt::expect_rejected(c, sparse_ref::with_param(p, 0, bits), 5000, "density");
+}
+
+TEST_CASE("approx_topk: the candidate scan (vector and scalar paths) keeps index order, counts past the buffer") {
+  std::mt19937_64 rng(77);
+  std::normal_distribution<float> nd;
+  for (std::size_t n : {0u, 1u, 7u, 8u, 9u, 1000u, 4099u}) {
+    std::vector<float> x(n);
+    for (auto& v : x) v = nd(rng);
+    if (n > 9) {
+      x[3] = std::numeric_limits<float>::quiet_NaN(); // keys above every number
+      x[5] = -std::numeric_limits<float>::infinity();
+      x[8] = -0.0f;
+    }
+    for (std::uint32_t thr : {0u, 0x3f000000u, 0x3fc00000u, 0x7f800000u, 0x7fffffffu}) {
+      for (std::size_t cap : {std::size_t{0}, std::size_t{3}, n}) {
+        std::vector<std::uint32_t> want;
+        for (std::size_t i = 0; i < n; ++i)
+          if (cz::sparse::magnitude_key(x[i]) >= thr) want.push_back(static_cast<std::uint32_t>(i));
+        std::vector<std::uint32_t> got(cap + 1, 0xdeadbeefu);
+        const std::size_t c = cz::sparse::collect_at_least(x.data(), n, thr, got.data(), cap);
+        CAPTURE(n);
+        CAPTURE(thr);
+        CAPTURE(cap);
+        CHECK(c == want.size());
+        for (std::size_t j = 0; j < std::min(c, cap); ++j) CHECK(got[j] == want[j]);
+        CHECK(got[cap] == 0xdeadbeefu); // nothing written past the buffer
+      }
+    }
+  }
 }

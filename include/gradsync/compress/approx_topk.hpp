@@ -147,12 +147,7 @@ template <float_element T> struct approx_topk {
       std::nth_element(sample.begin(), sample.begin() + static_cast<std::ptrdiff_t>(rank),
                        sample.end(), std::greater<>{});
       const std::uint32_t thr = sample[rank];
-      std::size_t c = 0;
-      for (std::size_t i = 0; i < n; ++i)
-        if (key(i) >= thr) {
-          if (c < cand.size()) cand[c] = static_cast<std::uint32_t>(i);
-          ++c;
-        }
+      const std::size_t c = sparse::collect_at_least(x, n, thr, cand.data(), cand.size());
       if (c > cand.size()) {
         ++st.fallbacks;
         sparse::select_top(n, k, key, hist, emit);

@@ -14,13 +14,16 @@
 // -0 ties with +0. So non-finite values are the first to be sent.
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 
 #include "../core/config.hpp"
 #include "../core/half.hpp"
+#include "../core/host_simd.hpp"
 #include "codec.hpp"
 #include "wire.hpp"
 
@@ -31,6 +34,47 @@ namespace gradsync::compress::sparse {
 /// lies above the +Inf key.
 template <float_element T> GRADSYNC_HD inline std::uint32_t magnitude_key(T x) {
   return gradsync::detail::float_bits(to_float(x)) & 0x7fffffffu;
+}
+
+#if GRADSYNC_HOST_AVX2
+/// collect_at_least's whole groups of 8 for float input: keys compared eight
+/// at a time (keys are < 2^31, so a signed compare orders them), and only the
+/// rare groups holding a hit are walked. Returns the elements consumed.
+[[gnu::target("avx2")]] inline std::size_t collect_at_least_avx2(const float* x, std::size_t n, std::uint32_t thr,
+                                                               std::uint32_t* out, std::size_t cap, std::size_t& c) {
+  const __m256i abs = _mm256_set1_epi32(0x7fffffff);
+  const __m256i below = _mm256_set1_epi32(static_cast<int>(thr) - 1); // key >= thr <=> key > thr - 1
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i k = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)), abs);
+    auto m = static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(k, below))));
+    for (; m != 0; m &= m - 1) {
+      if (c < cap) out[c] = static_cast<std::uint32_t>(i + static_cast<unsigned>(std::countr_zero(m)));
+      ++c;
+    }
+  }
+  return i;
+}
+#endif
+
+/// Collects, in index order, the indices i < n with magnitude_key(x[i]) >=
+/// thr into out[0, cap); returns how many there are (more than cap: the
+/// rest were counted, not stored).
+template <float_element T>
+inline std::size_t collect_at_least(const T* x, std::size_t n, std::uint32_t thr, std::uint32_t* out,
+                                    std::size_t cap) {
+  std::size_t c = 0, i = 0;
+#if GRADSYNC_HOST_AVX2
+  if constexpr (std::is_same_v<T, float>)
+    if (thr > 0 && gradsync::detail::best_host_isa() == gradsync::detail::host_isa::avx2)
+      i = collect_at_least_avx2(x, n, thr, out, cap, c);
+#endif
+  for (; i < n; ++i)
+    if (magnitude_key(x[i]) >= thr) {
+      if (c < cap) out[c] = static_cast<std::uint32_t>(i);
+      ++c;
+    }
+  return c;
 }
 
 /// Largest element count a sparse payload can index (u32 indices).
