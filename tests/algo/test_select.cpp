@@ -286,7 +286,7 @@ TEST_CASE("select: broadcast and reduce pick tree or chain by the model") {
 TEST_CASE("select: the shared-memory arena allreduce (direct) by hand") {
   cost_model m;
   m.local.gamma = 1e-10;
-  m.arena = {.copy = 2e-10, .sync = 1e-6, .half_bytes = 2 << 20};
+  m.arena = {.copy = 2e-10, .sync = 1e-6, .half_bytes = 2 << 20, .round_bytes = 4 << 20};
   const topology t{4, 4, 1};
   // 8 KiB (<= policy::shm_direct_small_bytes): one sync, copy n in, reduce
   // all p copies: 1e-6 + 8192 * 2e-10 + 3 * 8192 * 1e-10 = 5.0960 us.
@@ -298,6 +298,11 @@ TEST_CASE("select: the shared-memory arena allreduce (direct) by hand") {
   // 16 KiB + 1: past the small path, one round.
   CHECK(m.direct(16385, 4) == doctest::Approx(2e-6 + 2 * 16385 * 2e-10 + 0.75 * 16385 * 1e-10).epsilon(1e-12));
   CHECK(m.direct(1 << 20, 1) == 0);
+  // Rounds of round_bytes when that is below half an arena: 8 MiB in 16
+  // rounds of 512 KiB adds 24 syncs to the 3992.5888 us above.
+  cost_model r = m;
+  r.arena.round_bytes = 512 << 10;
+  CHECK(r.direct(8 << 20, 4) == doctest::Approx(3992.5888e-6 + 24e-6).epsilon(1e-12));
   // The model still never picks direct by itself: the shm dispatch does.
   const selector sel(m);
   for (std::size_t b = 8; b < (std::size_t{1} << 30); b *= 8) CHECK(sel.choose(b, t, 1 << 18) != algorithm::direct);

@@ -749,3 +749,106 @@ TEST_CASE("shm_direct: a rank killed mid-allreduce fails the others") {
   }
   for (auto& o : res) CHECK(segment_gone(o.segment));
 }
+
+// ---- how shm_direct writes the arena: streaming or ordinary stores ---------
+
+namespace {
+
+// The shm communicator with its own store chooser, so that each rank can be
+// given a different way (the communicator's own is per rank too, but set
+// from the environment alike on all ranks).
+struct own_ways {
+  static constexpr std::string_view name = "shm";
+  communicator& c;
+  gradsync::detail::timed_choice tc;
+  int rank() const { return c.rank(); }
+  int size() const { return c.size(); }
+  auto isend(std::span<const std::byte> d, int peer, int tag) { return c.isend(d, peer, tag); }
+  auto irecv(std::span<std::byte> d, int peer, int tag) { return c.irecv(d, peer, tag); }
+  std::byte* arena(int q) const { return c.arena(q); }
+  std::size_t arena_bytes() const { return c.arena_bytes(); }
+  void arena_post(int k, std::uint64_t v) { c.arena_post(k, v); }
+  void arena_await(int k, std::uint64_t v, const char* op) { c.arena_await(k, v, op); }
+  std::uint64_t& arena_epoch() { return c.arena_epoch(); }
+  std::atomic<std::uint64_t>& arena_signature(int q, int h) const { return c.arena_signature(q, h); }
+  static void arena_copy(std::byte* d, const std::byte* s, std::size_t n) { communicator::arena_copy(d, s, n); }
+  gradsync::detail::timed_choice& arena_stores() { return tc; }
+  void abort(const std::string& why) { c.abort(why); }
+};
+static_assert(gradsync::algo::shm_direct::arena_transport<own_ways>);
+
+// Sets an environment variable for the scope (forked ranks inherit it).
+struct env_var {
+  std::string name;
+  env_var(std::string n, const char* v) : name(std::move(n)) { ::setenv(name.c_str(), v, 1); }
+  ~env_var() { ::unsetenv(name.c_str()); }
+};
+
+} // namespace
+
+TEST_CASE("shm_direct: ranks writing the arena in different ways (streaming, ordinary, measured) agree") {
+  namespace sd = gradsync::algo::shm_direct;
+  const std::size_t small = gradsync::policy::shm_direct_small_bytes / sizeof(float);
+  const std::size_t round = gradsync::policy::shm_allreduce_round_bytes / sizeof(float);
+  // below and at the timed minimum, the small path, one round, many rounds
+  const std::vector<std::size_t> counts{1, 63, 64, small - 3, small + 1, round / 2 + 5, 3 * round + 17};
+  for (int p = 1; p <= 4; ++p) {
+    CAPTURE(p);
+    auto res = spawn(p, [&](communicator& base) {
+      const int r = base.rank();
+      // rank 0 streams, rank 1 stores, ranks 2 and 3 measure (and so switch)
+      own_ways c{base, gradsync::detail::timed_choice(r >= 2 ? -1 : r)};
+      const auto P = static_cast<std::size_t>(p), R = static_cast<std::size_t>(r);
+      const int tri = p * (p + 1) / 2;
+      for (std::size_t n : counts)
+        for (int rep = 0; rep < 12; ++rep) {
+          const std::string at = " (count " + std::to_string(n) + ", call " + std::to_string(rep) + ")";
+          std::vector<float> v(n);
+          for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>((r + 1) * static_cast<int>((i + rep) % 7 + 1));
+          sd::allreduce(c, v.data(), v.data(), n, gradsync::op::sum{});
+          for (std::size_t i = 0; i < n; ++i)
+            expect(v[i] == static_cast<float>(tri * static_cast<int>((i + rep) % 7 + 1)), "allreduce" + at);
+          if (rep % 4 != 0 || n > round) continue;
+          std::vector<std::int32_t> in(n * P), out(n), all(n * P, -1);
+          for (std::size_t i = 0; i < in.size(); ++i) in[i] = (r + 1) * static_cast<int>(i % 5 + 1);
+          sd::reduce_scatter(c, in.data(), out.data(), n, gradsync::op::sum{});
+          for (std::size_t i = 0; i < n; ++i)
+            expect(out[i] == tri * static_cast<int>((R * n + i) % 5 + 1), "reduce_scatter" + at);
+          sd::allgather(c, out.data(), all.data(), n);
+          for (std::size_t q = 0; q < P; ++q)
+            for (std::size_t i = 0; i < n; ++i)
+              expect(all[q * n + i] == tri * static_cast<int>((q * n + i) % 5 + 1), "allgather" + at);
+        }
+    }, 120s);
+    check_all_ok(res);
+  }
+}
+
+TEST_CASE("shm: GRADSYNC_SHM_STORES fixes the arena stores; a bad value fails every rank before the group forms") {
+  for (const auto& [value, way] : std::vector<std::pair<const char*, int>>{{"stream", 0}, {"plain", 1}}) {
+    CAPTURE(value);
+    env_var e("GRADSYNC_SHM_STORES", value);
+    auto res = spawn(2, [&, way = way](communicator& c) {
+      for (std::size_t k : {std::size_t{0}, std::size_t{77}}) {
+        expect(c.arena_stores().current(k) == way, "current way");
+        for (int i = 0; i < 20; ++i) {
+          expect(c.arena_stores().pick(k) == way, "picked way");
+          c.arena_stores().record(k, 1 - way, 1e-9); // the other way "faster": ignored when fixed
+        }
+      }
+      std::vector<float> v(100000, static_cast<float>(c.rank() + 1));
+      gradsync::algo::shm_direct::allreduce(c, v.data(), v.data(), v.size(), gradsync::op::sum{});
+      for (float x : v) expect(x == 3.0f, "allreduce");
+    });
+    check_all_ok(res);
+  }
+  env_var e("GRADSYNC_SHM_STORES", "fast");
+  auto res = spawn(2, [](communicator&) {});
+  for (auto& o : res) {
+    INFO(o.message);
+    CHECK(!o.hung);
+    CHECK(o.code == 1);
+    CHECK(contains(o.message, "GRADSYNC_SHM_STORES=\"fast\""));
+    CHECK(contains(o.message, "shm.communicator"));
+  }
+}

@@ -56,7 +56,8 @@ struct link_cost {
 struct arena_cost {
   double copy = policy::model_beta; ///< seconds per byte one core copies (memcpy)
   double sync = 0.4e-6;             ///< seconds per synchronisation of all ranks (post a flag, await every rank's)
-  double half_bytes = static_cast<double>(policy::shm_arena_bytes / 2); ///< bytes one round stages per rank
+  double half_bytes = static_cast<double>(policy::shm_arena_bytes / 2); ///< bytes of one arena half (small path limit)
+  double round_bytes = static_cast<double>(policy::shm_allreduce_round_bytes); ///< message bytes per large round (at most half_bytes)
 };
 
 /// The communicator as the model sees it: `ranks` ranks in `groups` groups of
@@ -139,7 +140,7 @@ struct cost_model {
   /// Shared-memory arena allreduce of n bytes on p ranks (the local gamma).
   /// Up to policy::shm_direct_small_bytes: one round in which every rank
   /// stages its buffer, synchronises once and reduces all p copies. Larger:
-  /// rounds of half an arena, each copying 2n/rounds per rank (its others'
+  /// rounds of min(round_bytes, half_bytes), each copying 2n/rounds per rank (its others'
   /// shares in, its reduced share out twice, the others' results out),
   /// reducing its 1/p share and synchronising twice (staged, reduced).
   double direct(double n, int p) const {
@@ -147,7 +148,7 @@ struct cost_model {
     const double g = local.gamma;
     if (n <= static_cast<double>(policy::shm_direct_small_bytes) && n <= arena.half_bytes)
       return arena.sync + n * arena.copy + (p - 1) * n * g;
-    const double rounds = std::max(1.0, std::ceil(n / arena.half_bytes));
+    const double rounds = std::max(1.0, std::ceil(n / std::min(arena.round_bytes, arena.half_bytes)));
     return 2 * rounds * arena.sync + 2 * n * arena.copy + (p - 1.0) / p * n * g;
   }
   /// Predicted seconds of allreduce algorithm `a` (any but automatic) on `t`;

@@ -11,9 +11,13 @@
 //   await `copied`, reduce my share into `out`, finalize, copy it into my
 //   arena -> post `reduced`
 //   await `reduced`, copy the others' shares out -> post `drained`
-// Writes into the arena use streaming stores (arena_copy): the lines were
-// last read by other cores, and ordinary stores would first fetch each back.
-// (Not on the small path: there the peers read the few lines at once.)
+// Writes into the arena use streaming stores (arena_copy) or ordinary ones,
+// whichever the transport's timed_choice measures faster for this kind of
+// call: the lines were last read by other cores, and when those cores do not
+// share our cache an ordinary store must first fetch each line back (3-4x
+// slower), but when they do share it the peers read our writes from the
+// cache (2x faster). (The small path always uses ordinary stores: there the
+// peers read the few lines at once.)
 // A half is rewritten only after every rank drained it two rounds earlier.
 // Small buffers take one round in which every rank reduces the whole buffer
 // from all staged copies (one synchronisation instead of two).
@@ -28,6 +32,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -40,6 +45,7 @@
 #include "../core/ops.hpp"
 #include "../core/policy.hpp"
 #include "../core/reduce.hpp"
+#include "../core/timed_choice.hpp"
 #include "../transport/transport.hpp"
 
 namespace gradsync::algo::shm_direct {
@@ -54,6 +60,7 @@ concept arena_transport = transport<C> && requires(C& c, int q, int k, std::uint
   { c.arena_epoch() } -> std::same_as<std::uint64_t&>;
   { c.arena_signature(q, k) } -> std::same_as<std::atomic<std::uint64_t>&>;
   c.arena_copy(static_cast<std::byte*>(nullptr), static_cast<const std::byte*>(nullptr), std::size_t{0});
+  { c.arena_stores() } -> std::same_as<gradsync::detail::timed_choice&>;
   c.abort(std::string());
 };
 
@@ -62,9 +69,9 @@ namespace detail {
 enum counter : int { copied = 0, reduced = 1, drained = 2 };
 
 // Which collective a call is (part of its signature).
-enum class call : std::uint64_t { allreduce = 0, reduce_scatter = 1, allgather = 2 };
+enum class call : std::uint64_t { allreduce = 0, reduce_scatter = 1, allgather = 2, small_allreduce = 3 };
 inline const char* call_name(std::uint64_t k) {
-  return k == 1 ? "reduce_scatter" : k == 2 ? "allgather" : "allreduce";
+  return k == 1 ? "reduce_scatter" : k == 2 ? "allgather" : "allreduce"; // small_allreduce is never a signature
 }
 
 // What a call is, packed so that ranks can compare calls: count (48 bits),
@@ -140,6 +147,26 @@ template <arena_transport C, class T> void to_out(const C& c, bool stream, T* ds
   else copy_elems(dst, src, n);
 }
 
+// Writes n elements into the arena: ordinary stores if `plain`, else the
+// transport's streaming copy.
+template <arena_transport C, class T> void to_arena(const C& c, bool plain, T* dst, const T* src, std::size_t n) {
+  if (plain) copy_elems(dst, src, n);
+  else c.arena_copy(reinterpret_cast<std::byte*>(dst), reinterpret_cast<const std::byte*>(src), n * sizeof(T));
+}
+
+// Runs body(plain) with the arena store kind the transport's chooser picks
+// for this collective at this size (power-of-two classes), and reports the
+// time the call took (waits for peers included: that is what the choice
+// changes).
+template <arena_transport C, class Body> void with_stores(C& c, call k, std::size_t bytes, Body body) {
+  gradsync::detail::timed_choice& ch = c.arena_stores();
+  const std::size_t cls = static_cast<std::size_t>(k) * 64 + static_cast<std::size_t>(std::bit_width(bytes));
+  const int w = ch.pick(cls);
+  const std::uint64_t t0 = gradsync::detail::timed_choice::ticks();
+  body(w == 1);
+  ch.record(cls, w, static_cast<double>(gradsync::detail::timed_choice::ticks() - t0));
+}
+
 // Half of the arena in bytes (a multiple of the share alignment).
 template <arena_transport C> std::size_t half_bytes(const C& c) {
   return c.arena_bytes() / 2 / policy::shm_arena_align * policy::shm_arena_align;
@@ -191,65 +218,67 @@ void allreduce(C& c, const T* in, T* out, std::size_t count, Op op) {
   GRADSYNC_REQUIRE(cap >= static_cast<std::size_t>(p), name, r, "shm arena too small for this rank count");
   const std::uint64_t sig = signature<T>(call::allreduce, count, Op::kind);
   std::uint64_t& epoch = c.arena_epoch();
-  auto to_arena = [&](T* dst, const T* src, std::size_t n) {
-    c.arena_copy(reinterpret_cast<std::byte*>(dst), reinterpret_cast<const std::byte*>(src), n * sizeof(T));
-  };
 
   if (count * sizeof(T) <= policy::shm_direct_small_bytes && count <= cap) {
     const std::uint64_t e = ++epoch;
-    // Ordinary stores here: the peers read these few lines at once, from
-    // this core's cache; streaming stores send them to memory first. On the
-    // CI VM (whose two vCPUs sometimes share a cache and sometimes do not):
-    // 512 B 0.31 us instead of 1.23 when they share, about equal otherwise.
-    // The large path keeps streaming stores: with ordinary ones 32-512 KiB
-    // took 3-4x longer when the vCPUs did not share a cache.
-    open_round(c, e, sig, name, [&] { copy_elems(stage<T>(c, r, e), in, count); });
+    // The peers read these few lines at once, from this core's cache if it
+    // shares one with theirs (ordinary stores; streaming ones would send the
+    // lines to memory first: 512 B 0.31 us instead of 1.23 on the CI VM), else
+    // from memory (streaming stores, which skip fetching the lines back).
     // Everyone reduces everything, in rank order, from the staged copies
     // (never from `in`, which may be `out`).
-    auto src = [&](int q) { return static_cast<const T*>(stage<T>(c, q, e)); };
-    combine_wide(out, src(0), src(1), count, op);
-    for (int q = 2; q < p; ++q) combine_wide(out, static_cast<const T*>(out), src(q), count, op);
-    finalize(out, count, op, p);
-    c.arena_post(drained, e);
+    auto run = [&](bool plain) {
+      open_round(c, e, sig, name, [&] { to_arena(c, plain, stage<T>(c, r, e), in, count); });
+      auto src = [&](int q) { return static_cast<const T*>(stage<T>(c, q, e)); };
+      combine_wide(out, src(0), src(1), count, op);
+      for (int q = 2; q < p; ++q) combine_wide(out, static_cast<const T*>(out), src(q), count, op);
+      finalize(out, count, op, p);
+      c.arena_post(drained, e);
+    };
+    // (Below a few lines both ways are the same stores: no timing.)
+    if (count * sizeof(T) < policy::shm_timed_stores_min_bytes) run(true);
+    else with_stores(c, call::small_allreduce, count * sizeof(T), run);
     return;
   }
 
   // Rounds of p shares of `sh` elements (the last round's clipped).
   const auto P = static_cast<std::size_t>(p);
-  const std::size_t sh = share<T>(count, P, cap);
+  const std::size_t sh = share<T>(count, P, std::min(cap, std::max(P, policy::shm_allreduce_round_bytes / sizeof(T))));
   auto part = [&](std::size_t base, int q, std::size_t& off) {
     off = base + static_cast<std::size_t>(q) * sh;
     return off >= count ? std::size_t{0} : std::min(sh, count - off);
   };
   const bool stream = count * sizeof(T) >= policy::shm_stream_out_bytes;
-  for (std::size_t base = 0; base < count; base += sh * P) {
-    const std::uint64_t e = ++epoch;
-    T* mine = stage<T>(c, r, e);
-    std::size_t off;
-    open_round(c, e, sig, name, [&] {
+  with_stores(c, call::allreduce, count * sizeof(T), [&](bool plain) {
+    for (std::size_t base = 0; base < count; base += sh * P) {
+      const std::uint64_t e = ++epoch;
+      T* mine = stage<T>(c, r, e);
+      std::size_t off;
+      open_round(c, e, sig, name, [&] {
+        for (int q = 0; q < p; ++q)
+          if (q != r)
+            if (const std::size_t n = part(base, q, off)) to_arena(c, plain, mine + (off - base), in + off, n);
+      });
+      // My share: into `out` and into my arena, where the peers read it. (In
+      // place, each piece of my share of `in` is read before it is overwritten.)
+      const std::size_t n = part(base, r, off);
+      reduce_pieces<T>(
+          p, n, op,
+          [&](int q) { return q == r ? in + off : static_cast<const T*>(stage<T>(c, q, e) + (off - base)); },
+          [&](std::size_t k, const T* acc, std::size_t len) {
+            to_out(c, stream, out + off + k, acc, len);
+            to_arena(c, plain, mine + (off - base) + k, acc, len);
+          });
+      c.arena_post(reduced, e);
+
+      c.arena_await(reduced, e, name);
       for (int q = 0; q < p; ++q)
         if (q != r)
-          if (const std::size_t n = part(base, q, off)) to_arena(mine + (off - base), in + off, n);
-    });
-    // My share: into `out` and into my arena, where the peers read it. (In
-    // place, each piece of my share of `in` is read before it is overwritten.)
-    const std::size_t n = part(base, r, off);
-    reduce_pieces<T>(
-        p, n, op,
-        [&](int q) { return q == r ? in + off : static_cast<const T*>(stage<T>(c, q, e) + (off - base)); },
-        [&](std::size_t k, const T* acc, std::size_t len) {
-          to_out(c, stream, out + off + k, acc, len);
-          to_arena(mine + (off - base) + k, acc, len);
-        });
-    c.arena_post(reduced, e);
-
-    c.arena_await(reduced, e, name);
-    for (int q = 0; q < p; ++q)
-      if (q != r)
-        if (const std::size_t m = part(base, q, off))
-          to_out(c, stream, out + off, static_cast<const T*>(stage<T>(c, q, e) + (off - base)), m);
-    c.arena_post(drained, e);
-  }
+          if (const std::size_t m = part(base, q, off))
+            to_out(c, stream, out + off, static_cast<const T*>(stage<T>(c, q, e) + (off - base)), m);
+      c.arena_post(drained, e);
+    }
+  });
 }
 
 /// Reduce-scatter through the arena: `in` holds size() blocks of `n`
@@ -273,22 +302,22 @@ void reduce_scatter(C& c, const T* in, T* out, std::size_t n, Op op) {
   const std::size_t sh = share<T>(n * P, P, cap); // piece of every block per round
   const bool stream = n * P * sizeof(T) >= policy::shm_stream_out_bytes;
   std::uint64_t& epoch = c.arena_epoch();
-  for (std::size_t k = 0; k < n; k += sh) {
-    const std::uint64_t e = ++epoch;
-    const std::size_t m = std::min(sh, n - k);
-    T* mine = stage<T>(c, r, e);
-    open_round(c, e, sig, name, [&] {
-      for (std::size_t q = 0; q < P; ++q)
-        if (q != R)
-          c.arena_copy(reinterpret_cast<std::byte*>(mine + q * sh), reinterpret_cast<const std::byte*>(in + q * n + k),
-                       m * sizeof(T));
-    });
-    reduce_pieces<T>(
-        p, m, op,
-        [&](int q) { return q == r ? in + R * n + k : static_cast<const T*>(stage<T>(c, q, e) + R * sh); },
-        [&](std::size_t j, const T* acc, std::size_t len) { to_out(c, stream, out + k + j, acc, len); });
-    c.arena_post(drained, e);
-  }
+  with_stores(c, call::reduce_scatter, n * P * sizeof(T), [&](bool plain) {
+    for (std::size_t k = 0; k < n; k += sh) {
+      const std::uint64_t e = ++epoch;
+      const std::size_t m = std::min(sh, n - k);
+      T* mine = stage<T>(c, r, e);
+      open_round(c, e, sig, name, [&] {
+        for (std::size_t q = 0; q < P; ++q)
+          if (q != R) to_arena(c, plain, mine + q * sh, in + q * n + k, m);
+      });
+      reduce_pieces<T>(
+          p, m, op,
+          [&](int q) { return q == r ? in + R * n + k : static_cast<const T*>(stage<T>(c, q, e) + R * sh); },
+          [&](std::size_t j, const T* acc, std::size_t len) { to_out(c, stream, out + k + j, acc, len); });
+      c.arena_post(drained, e);
+    }
+  });
 }
 
 /// Allgather through the arena: rank q's `n` elements of `in` land in block q
@@ -307,17 +336,16 @@ template <arena_transport C, element T> void allgather(C& c, const T* in, T* out
   const bool stream = n * static_cast<std::size_t>(p) * sizeof(T) >= policy::shm_stream_out_bytes;
   std::uint64_t& epoch = c.arena_epoch();
   copy_elems(out + R * n, in, n);
-  for (std::size_t k = 0; k < n; k += cap) {
-    const std::uint64_t e = ++epoch;
-    const std::size_t m = std::min(cap, n - k);
-    open_round(c, e, sig, name, [&] {
-      c.arena_copy(reinterpret_cast<std::byte*>(stage<T>(c, r, e)), reinterpret_cast<const std::byte*>(in + k),
-                   m * sizeof(T));
-    });
-    for (int q = 0; q < p; ++q)
-      if (q != r) to_out(c, stream, out + static_cast<std::size_t>(q) * n + k, static_cast<const T*>(stage<T>(c, q, e)), m);
-    c.arena_post(drained, e);
-  }
+  with_stores(c, call::allgather, n * static_cast<std::size_t>(p) * sizeof(T), [&](bool plain) {
+    for (std::size_t k = 0; k < n; k += cap) {
+      const std::uint64_t e = ++epoch;
+      const std::size_t m = std::min(cap, n - k);
+      open_round(c, e, sig, name, [&] { to_arena(c, plain, stage<T>(c, r, e), in + k, m); });
+      for (int q = 0; q < p; ++q)
+        if (q != r) to_out(c, stream, out + static_cast<std::size_t>(q) * n + k, static_cast<const T*>(stage<T>(c, q, e)), m);
+      c.arena_post(drained, e);
+    }
+  });
 }
 
 } // namespace gradsync::algo::shm_direct

@@ -97,6 +97,13 @@ inline constexpr std::chrono::milliseconds shm_attach_timeout{60'000};
 /// allreduce busbw, 2 ranks, 1/4/16/64 MiB: 256 KiB arena 5.6/5.6/5.5/5.0,
 /// 1 MiB 5.4/5.2/4.6/4.6, 4 MiB 6.0/6.8/5.8/5.1, 8 MiB 6.0/6.6/5.8/5.4 GB/s.
 inline constexpr std::size_t shm_arena_bytes = std::size_t{4} << 20;
+/// Bytes an allreduce round moves through the arenas (all shares together),
+/// at most half an arena. busbw with ordinary stores, vCPUs sharing a cache,
+/// 2 / 4 MiB: 512 KiB rounds 13.9-14.0 / 10.9-11.6 GB/s, 1 MiB 14.8 / 9.4,
+/// 2 MiB 12.2-13.2 / 8.8-9.5 (smaller rounds keep the arena lines in cache);
+/// with streaming stores no difference beyond noise (1 / 16 MiB: 512 KiB
+/// rounds 7.0-8.1 / 4.7-6.9, 2 MiB 6.7-8.2 / 4.8-6.9).
+inline constexpr std::size_t shm_allreduce_round_bytes = std::size_t{512} << 10;
 /// Shares in the arena start on cache-line multiples.
 inline constexpr std::size_t shm_arena_align = 64;
 /// Up to this many bytes, shm_direct reduces the whole buffer on every rank
@@ -107,6 +114,23 @@ inline constexpr std::size_t shm_direct_small_bytes = std::size_t{16} << 10;
 /// (they would not stay in cache anyway). busbw at 4/16/64 MiB: streaming
 /// from 4 MiB 6.7/5.9/5.8, from 16 MiB 6.7/5.4/5.5, never 7.0/5.0/4.7 GB/s.
 inline constexpr std::size_t shm_stream_out_bytes = std::size_t{8} << 20;
+
+/// How shm_direct writes into the arena: streaming stores or ordinary ones,
+/// chosen per call kind and size by detail::timed_choice (core/timed_choice.hpp)
+/// because the better one depends on whether the ranks' cores share a cache,
+/// which on the CI VM changes within minutes. Measured there, 2 ranks,
+/// allreduce 1 MiB: shared cache: ordinary 14.3 GB/s, streaming 6.7; not
+/// shared: ordinary 2.0-2.4, streaming 7.5. The way not taken is timed again
+/// after timed_choice_min_period calls, the period doubling while it keeps
+/// losing up to timed_choice_max_period (a losing probe 3.7x slower then
+/// costs about 1 % over 256 calls); the way in use is an exponential average
+/// of its times with this weight (one preempted call does not flip it).
+inline constexpr std::uint64_t timed_choice_min_period = 8;
+inline constexpr std::uint64_t timed_choice_max_period = 256;
+inline constexpr double timed_choice_weight = 0.25;
+/// Below this many bytes both kinds of store are the same (stream_copy
+/// uses memcpy under 256 B), so shm_direct does not time them.
+inline constexpr std::size_t shm_timed_stores_min_bytes = 256;
 
 /// CUDA codec kernels (compress/cuda/*.cuh): threads per block of the
 /// block-per-codec-block kernels, and resident blocks per multiprocessor a

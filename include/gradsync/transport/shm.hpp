@@ -55,6 +55,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -75,6 +76,7 @@
 #include "../core/error.hpp"
 #include "../core/host_simd.hpp"
 #include "../core/policy.hpp"
+#include "../core/timed_choice.hpp"
 #include "transport.hpp"
 
 namespace gradsync::shm {
@@ -553,6 +555,7 @@ public:
   std::size_t arena_bytes() const { return seg_->arena_bytes(); }
   arena_ctl& arena_state(int q) const { return seg_->actl(q); }
   std::uint64_t epoch = 0; // arena rounds this group has completed
+  gradsync::detail::timed_choice stores; // how shm_direct writes the arena (per rank)
 
   /// Sets this rank's counter `k` to `v` and wakes sleeping peers.
   void post(int k, std::uint64_t v) {
@@ -1110,6 +1113,7 @@ public:
   /// for it (up to policy::shm_attach_timeout) and attach.
   communicator(const std::filesystem::path& dir, int rank, int size) {
     check_args(rank, size);
+    const int stores = stores_setting(rank);
     std::error_code ec;
     GRADSYNC_REQUIRE(std::filesystem::is_directory(dir, ec), "shm.communicator", rank,
             "rendezvous directory " + dir.string() + " does not exist");
@@ -1143,6 +1147,7 @@ public:
     }
     detail::join(*seg, rank, size, cleanup);
     e_ = std::make_shared<detail::engine>(std::move(seg), rank, size);
+    e_->stores = gradsync::detail::timed_choice(stores);
   }
 
   /// Joins a group bootstrapped by any out-of-band channel: `share(name)` is
@@ -1150,6 +1155,7 @@ public:
   /// other rank receives it as the return value (e.g. an MPI broadcast).
   communicator(int rank, int size, const std::function<std::string(const std::string&)>& share) {
     check_args(rank, size);
+    const int stores = stores_setting(rank);
     auto seg = std::make_unique<detail::segment>();
     if (rank == 0) {
       try {
@@ -1174,6 +1180,7 @@ public:
     }
     detail::join(*seg, rank, size, nullptr);
     e_ = std::make_shared<detail::engine>(std::move(seg), rank, size);
+    e_->stores = gradsync::detail::timed_choice(stores);
   }
 
   communicator(communicator&&) noexcept = default;
@@ -1218,12 +1225,24 @@ public:
   /// Copies `n` bytes from private memory into this rank's arena (streaming
   /// stores: the fast way into lines peers have read).
   static void arena_copy(std::byte* dst, const std::byte* src, std::size_t n) { detail::stream_copy(dst, src, n); }
+  /// Whether arena writes use arena_copy (0) or ordinary stores (1), per
+  /// kind of call: measured as calls run (core/timed_choice.hpp), or fixed
+  /// by GRADSYNC_SHM_STORES=stream|plain when the communicator is created.
+  gradsync::detail::timed_choice& arena_stores() noexcept { return e_->stores; }
   /// Rank `q`'s description of the call using arena half `h` (0 or 1).
   std::atomic<std::uint64_t>& arena_signature(int q, int h) const { return e_->arena_state(q).sig[h]; }
   /// Arena rounds this rank has run (the same on every rank between calls).
   std::uint64_t& arena_epoch() noexcept { return e_->epoch; }
 
 private:
+  // GRADSYNC_SHM_STORES: auto (default), stream or plain; checked before the
+  // group forms, so a bad value fails every rank alike instead of one.
+  static int stores_setting(int rank) {
+    const char* v = std::getenv("GRADSYNC_SHM_STORES");
+    return gradsync::detail::timed_choice::parse(v ? v : "", "stream", "plain", "shm.communicator", rank,
+                                                 "GRADSYNC_SHM_STORES");
+  }
+
   static void check_args(int rank, int size) {
     GRADSYNC_REQUIRE(size >= 1, "shm.communicator", rank, "rank count must be >= 1, got " + std::to_string(size));
     GRADSYNC_REQUIRE(rank >= 0 && rank < size, "shm.communicator", rank,
