@@ -13,11 +13,10 @@
 //   await `reduced`, copy the others' shares out -> post `drained`
 // Writes into the arena use streaming stores (arena_copy) or ordinary ones,
 // whichever the transport's timed_choice measures faster for this kind of
-// call: the lines were last read by other cores, and when those cores do not
-// share our cache an ordinary store must first fetch each line back (3-4x
-// slower), but when they do share it the peers read our writes from the
-// cache (2x faster). (The small path always uses ordinary stores: there the
-// peers read the few lines at once.)
+// call and size: the lines were last read by other cores, and when those
+// cores do not share our cache an ordinary store must first fetch each line
+// back (3-4x slower), but when they do share it the peers read our writes
+// from the cache (2x faster).
 // A half is rewritten only after every rank drained it two rounds earlier.
 // Small buffers take one round in which every rank reduces the whole buffer
 // from all staged copies (one synchronisation instead of two).
@@ -139,31 +138,26 @@ void open_round(C& c, std::uint64_t e, std::uint64_t sig, const char* name, Stag
   check_signatures(c, static_cast<int>(e & 1), sig);
 }
 
-// Copies results to the caller's memory; for outputs of at least
-// policy::shm_stream_out_bytes with streaming stores (they would not stay in
-// cache anyway, and skip reading lines about to be overwritten).
-template <arena_transport C, class T> void to_out(const C& c, bool stream, T* dst, const T* src, std::size_t n) {
+// Copies n elements with the transport's streaming copy if `stream`, else
+// with ordinary stores. Into the arena: as with_stores picks. Results into
+// the caller's memory: streaming for outputs of at least
+// policy::shm_stream_out_bytes (they would not stay in cache anyway, and
+// skip reading lines about to be overwritten).
+template <arena_transport C, class T> void put(const C& c, bool stream, T* dst, const T* src, std::size_t n) {
   if (stream) c.arena_copy(reinterpret_cast<std::byte*>(dst), reinterpret_cast<const std::byte*>(src), n * sizeof(T));
   else copy_elems(dst, src, n);
 }
 
-// Writes n elements into the arena: ordinary stores if `plain`, else the
-// transport's streaming copy.
-template <arena_transport C, class T> void to_arena(const C& c, bool plain, T* dst, const T* src, std::size_t n) {
-  if (plain) copy_elems(dst, src, n);
-  else c.arena_copy(reinterpret_cast<std::byte*>(dst), reinterpret_cast<const std::byte*>(src), n * sizeof(T));
-}
-
-// Runs body(plain) with the arena store kind the transport's chooser picks
-// for this collective at this size (power-of-two classes), and reports the
-// time the call took (waits for peers included: that is what the choice
-// changes).
+// Runs body(stream), stream = whether arena writes use streaming stores, as
+// the transport's chooser picks for this collective at this size
+// (power-of-two classes), and reports the time the call took (waits for
+// peers included: that is what the choice changes).
 template <arena_transport C, class Body> void with_stores(C& c, call k, std::size_t bytes, Body body) {
   gradsync::detail::timed_choice& ch = c.arena_stores();
   const std::size_t cls = static_cast<std::size_t>(k) * 64 + static_cast<std::size_t>(std::bit_width(bytes));
   const int w = ch.pick(cls);
   const std::uint64_t t0 = gradsync::detail::timed_choice::ticks();
-  body(w == 1);
+  body(w == 0);
   ch.record(cls, w, static_cast<double>(gradsync::detail::timed_choice::ticks() - t0));
 }
 
@@ -234,14 +228,14 @@ void allreduce(C& c, const T* in, T* out, std::size_t count, Op op) {
     // sharing one: 1.23 / 3.2 -> 0.86 / 2.3. Slower for copies in the peers'
     // caches, so not with ordinary stores.)
     const bool own_from_in = in != out || r <= 1;
-    auto run = [&](bool plain) {
-      open_round(c, e, sig, name, [&] { to_arena(c, plain, stage<T>(c, r, e), in, count); });
+    auto run = [&](bool streamed) {
+      open_round(c, e, sig, name, [&] { put(c, streamed, stage<T>(c, r, e), in, count); });
       alignas(64) T near[2][policy::shm_direct_small_bytes / sizeof(T)]; // the first pass reads two
       unsigned used = 0;
       auto src = [&](int q) {
         if (q == r && own_from_in) return in;
         const T* s = stage<T>(c, q, e);
-        if (plain || q == r) return s;
+        if (!streamed || q == r) return s;
         T* d = near[used++ & 1];
         std::memcpy(d, s, count * sizeof(T));
         return static_cast<const T*>(d);
@@ -252,7 +246,7 @@ void allreduce(C& c, const T* in, T* out, std::size_t count, Op op) {
       c.arena_post(drained, e);
     };
     // (Below a few lines both ways are the same stores: no timing.)
-    if (count * sizeof(T) < policy::shm_timed_stores_min_bytes) run(true);
+    if (count * sizeof(T) < policy::shm_timed_stores_min_bytes) run(false);
     else with_stores(c, call::small_allreduce, count * sizeof(T), run);
     return;
   }
@@ -265,7 +259,7 @@ void allreduce(C& c, const T* in, T* out, std::size_t count, Op op) {
     return off >= count ? std::size_t{0} : std::min(sh, count - off);
   };
   const bool stream = count * sizeof(T) >= policy::shm_stream_out_bytes;
-  with_stores(c, call::allreduce, count * sizeof(T), [&](bool plain) {
+  with_stores(c, call::allreduce, count * sizeof(T), [&](bool streamed) {
     for (std::size_t base = 0; base < count; base += sh * P) {
       const std::uint64_t e = ++epoch;
       T* mine = stage<T>(c, r, e);
@@ -273,7 +267,7 @@ void allreduce(C& c, const T* in, T* out, std::size_t count, Op op) {
       open_round(c, e, sig, name, [&] {
         for (int q = 0; q < p; ++q)
           if (q != r)
-            if (const std::size_t n = part(base, q, off)) to_arena(c, plain, mine + (off - base), in + off, n);
+            if (const std::size_t n = part(base, q, off)) put(c, streamed, mine + (off - base), in + off, n);
       });
       // My share: into `out` and into my arena, where the peers read it. (In
       // place, each piece of my share of `in` is read before it is overwritten.)
@@ -282,8 +276,8 @@ void allreduce(C& c, const T* in, T* out, std::size_t count, Op op) {
           p, n, op,
           [&](int q) { return q == r ? in + off : static_cast<const T*>(stage<T>(c, q, e) + (off - base)); },
           [&](std::size_t k, const T* acc, std::size_t len) {
-            to_out(c, stream, out + off + k, acc, len);
-            to_arena(c, plain, mine + (off - base) + k, acc, len);
+            put(c, stream, out + off + k, acc, len);
+            put(c, streamed, mine + (off - base) + k, acc, len);
           });
       c.arena_post(reduced, e);
 
@@ -291,7 +285,7 @@ void allreduce(C& c, const T* in, T* out, std::size_t count, Op op) {
       for (int q = 0; q < p; ++q)
         if (q != r)
           if (const std::size_t m = part(base, q, off))
-            to_out(c, stream, out + off, static_cast<const T*>(stage<T>(c, q, e) + (off - base)), m);
+            put(c, stream, out + off, static_cast<const T*>(stage<T>(c, q, e) + (off - base)), m);
       c.arena_post(drained, e);
     }
   });
@@ -318,19 +312,19 @@ void reduce_scatter(C& c, const T* in, T* out, std::size_t n, Op op) {
   const std::size_t sh = share<T>(n * P, P, cap); // piece of every block per round
   const bool stream = n * P * sizeof(T) >= policy::shm_stream_out_bytes;
   std::uint64_t& epoch = c.arena_epoch();
-  with_stores(c, call::reduce_scatter, n * P * sizeof(T), [&](bool plain) {
+  with_stores(c, call::reduce_scatter, n * P * sizeof(T), [&](bool streamed) {
     for (std::size_t k = 0; k < n; k += sh) {
       const std::uint64_t e = ++epoch;
       const std::size_t m = std::min(sh, n - k);
       T* mine = stage<T>(c, r, e);
       open_round(c, e, sig, name, [&] {
         for (std::size_t q = 0; q < P; ++q)
-          if (q != R) to_arena(c, plain, mine + q * sh, in + q * n + k, m);
+          if (q != R) put(c, streamed, mine + q * sh, in + q * n + k, m);
       });
       reduce_pieces<T>(
           p, m, op,
           [&](int q) { return q == r ? in + R * n + k : static_cast<const T*>(stage<T>(c, q, e) + R * sh); },
-          [&](std::size_t j, const T* acc, std::size_t len) { to_out(c, stream, out + k + j, acc, len); });
+          [&](std::size_t j, const T* acc, std::size_t len) { put(c, stream, out + k + j, acc, len); });
       c.arena_post(drained, e);
     }
   });
@@ -352,13 +346,13 @@ template <arena_transport C, element T> void allgather(C& c, const T* in, T* out
   const bool stream = n * static_cast<std::size_t>(p) * sizeof(T) >= policy::shm_stream_out_bytes;
   std::uint64_t& epoch = c.arena_epoch();
   copy_elems(out + R * n, in, n);
-  with_stores(c, call::allgather, n * static_cast<std::size_t>(p) * sizeof(T), [&](bool plain) {
+  with_stores(c, call::allgather, n * static_cast<std::size_t>(p) * sizeof(T), [&](bool streamed) {
     for (std::size_t k = 0; k < n; k += cap) {
       const std::uint64_t e = ++epoch;
       const std::size_t m = std::min(cap, n - k);
-      open_round(c, e, sig, name, [&] { to_arena(c, plain, stage<T>(c, r, e), in + k, m); });
+      open_round(c, e, sig, name, [&] { put(c, streamed, stage<T>(c, r, e), in + k, m); });
       for (int q = 0; q < p; ++q)
-        if (q != r) to_out(c, stream, out + static_cast<std::size_t>(q) * n + k, static_cast<const T*>(stage<T>(c, q, e)), m);
+        if (q != r) put(c, stream, out + static_cast<std::size_t>(q) * n + k, static_cast<const T*>(stage<T>(c, q, e)), m);
       c.arena_post(drained, e);
     }
   });

@@ -103,7 +103,7 @@ public:
   }
 
   /// The way calls of class `k` use now (no side effects).
-  int current(std::size_t k) const { return forced_ >= 0 ? forced_ : slots_[k % classes].best; }
+  int current(std::size_t k) const { return forced_ >= 0 ? forced_ : at(k).best; }
 
 private:
   struct slot {
@@ -113,6 +113,7 @@ private:
     std::uint8_t best = 0;
   };
   slot& at(std::size_t k) { return slots_[k % classes]; }
+  const slot& at(std::size_t k) const { return slots_[k % classes]; }
 
   int forced_;
   std::array<slot, classes> slots_{};
