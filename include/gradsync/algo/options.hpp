@@ -1,6 +1,7 @@
 // gradsync: the options struct every collective takes, and algorithm names.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <span>
 #include <string_view>
@@ -75,12 +76,19 @@ struct options {
   int group_size = 0;
   /// Schedule of the inter-group step of `hier` (automatic: by the model).
   algorithm inner = algorithm::automatic;
+  /// Longest any wait of this call may block before it fails with
+  /// errc::timeout; 0: the communicator's own timeout.
+  std::chrono::milliseconds timeout{0};
+
+  /// The pipeline segment in bytes this call uses (segment_bytes, or the
+  /// policy default when that is 0).
+  std::size_t segment() const noexcept {
+    return segment_bytes ? segment_bytes : policy::ring_segment_bytes;
+  }
 };
 
 namespace detail {
-inline std::size_t segment_bytes(const options& o) {
-  return o.segment_bytes ? o.segment_bytes : policy::ring_segment_bytes;
-}
+inline std::size_t segment_bytes(const options& o) { return o.segment(); }
 } // namespace detail
 
 } // namespace gradsync

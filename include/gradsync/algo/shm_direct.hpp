@@ -45,6 +45,7 @@
 #include "../core/policy.hpp"
 #include "../core/reduce.hpp"
 #include "../core/timed_choice.hpp"
+#include "../exec/host.hpp"
 #include "../transport/transport.hpp"
 
 namespace gradsync::algo::shm_direct {
@@ -85,27 +86,7 @@ template <element T> std::uint64_t signature(call k, std::size_t count, op_kind 
 // p-1 passes over a chunk hit L1.
 template <class T> inline constexpr std::size_t chunk_elems = 16384 / sizeof(T);
 
-// out = op(a, b) elementwise, exactly as combine() computes it, but 64 bytes
-// per step through GCC vector types (combine's loop stays scalar at -O2, as
-// `out` may alias an input; here each vector is loaded before it is stored,
-// so exact aliasing is still fine). For types reduced in their own precision.
-template <element T, reduce_op Op> void combine_wide(T* out, const T* a, const T* b, std::size_t n, Op op) {
-  std::size_t i = 0;
-#if defined(__GNUC__)
-  if constexpr (std::is_same_v<T, accum_t<T>> && std::is_arithmetic_v<T>) {
-    using vec [[gnu::vector_size(16)]] = T; // SSE2-sized: no ABI change in op()
-    constexpr std::size_t w = 16 / sizeof(T);
-    for (; i + 4 * w <= n; i += 4 * w) {
-      vec x[4], y[4];
-      std::memcpy(x, a + i, sizeof x);
-      std::memcpy(y, b + i, sizeof y);
-      for (int k = 0; k < 4; ++k) x[k] = op(x[k], y[k]);
-      std::memcpy(out + i, x, sizeof x);
-    }
-  }
-#endif
-  combine(out + i, a + i, b + i, n - i, op);
-}
+using exec::combine_wide;
 
 inline std::string describe(std::uint64_t sig) {
   return std::string(call_name(sig >> 60)) + " of count " + std::to_string(sig & ((std::uint64_t{1} << 48) - 1)) +

@@ -7,14 +7,45 @@
 
 namespace gradsync {
 
+/// What kind of failure an error is, so that callers can branch on it.
+enum class errc {
+  invalid_argument, ///< bad input detected before any message moved (the default)
+  timeout,          ///< a wait exceeded the call's or the communicator's timeout
+  peer_failed,      ///< a peer rank died, left or failed the call
+  mismatch,         ///< ranks disagree on the call (sizes, kind, dtype, op, root)
+  corrupt_payload,  ///< an encoded payload failed validation
+  aborted,          ///< the communicator was aborted (by any rank or thread)
+  internal,         ///< an operating-system or library call failed
+};
+
+/// Name of an error kind ("timeout", ...).
+constexpr const char* errc_name(errc k) noexcept {
+  switch (k) {
+  case errc::invalid_argument: return "invalid argument";
+  case errc::timeout: return "timeout";
+  case errc::peer_failed: return "peer failed";
+  case errc::mismatch: return "mismatch";
+  case errc::corrupt_payload: return "corrupt payload";
+  case errc::aborted: return "aborted";
+  case errc::internal: return "internal";
+  }
+  return "?";
+}
+
 /// Raised for every failure: invalid arguments, transport failures, corrupt
-/// payloads. Carries which operation failed, on which rank, with which peer
-/// (-1 when no peer is involved) and a readable reason.
+/// payloads. Carries its kind, which operation failed, on which rank, with
+/// which peer (-1 when no peer is involved) and a readable reason.
 class error : public std::runtime_error {
 public:
-  error(std::string op, int rank, int peer, std::string reason)
+  error(std::string op, int rank, int peer, std::string reason,
+        errc kind = errc::invalid_argument)
       : std::runtime_error(format(op, rank, peer, reason)), op_(std::move(op)),
-        reason_(std::move(reason)), rank_(rank), peer_(peer) {}
+        reason_(std::move(reason)), rank_(rank), peer_(peer), kind_(kind) {}
+  error(errc kind, std::string op, int rank, int peer, std::string reason)
+      : error(std::move(op), rank, peer, std::move(reason), kind) {}
+
+  /// The kind of failure (branch on this, not on the text).
+  errc kind() const noexcept { return kind_; }
 
   /// Name of the failing operation, e.g. "allreduce" or "inproc.recv".
   const std::string& op() const noexcept { return op_; }
@@ -40,6 +71,7 @@ private:
   }
   std::string op_, reason_;
   int rank_, peer_;
+  errc kind_;
 };
 
 /// Throws gradsync::error unless `cond` holds.

@@ -1,0 +1,100 @@
+// gradsync: the host executor. Element work on host memory with the
+// per-element math of core/reduce.hpp; the reduction of types computed in
+// their own precision (float, double, int32, int64) runs 64 bytes per step
+// through GCC vector types, which compute exactly what combine1 does.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+
+#include "../core/dtype.hpp"
+#include "../core/error.hpp"
+#include "../core/ops.hpp"
+#include "../core/reduce.hpp"
+#include "executor.hpp"
+
+namespace gradsync::exec {
+
+/// Scratch of `n` elements of T in host memory: the caller's workspace when
+/// one was given (it must be large enough and aligned), else memory owned by
+/// this object. `op` and `rank` name the call in errors.
+template <class T> class host_scratch {
+public:
+  host_scratch(std::span<std::byte> ws, std::size_t n, const char* op, int rank) {
+    if (n == 0) return;
+    const std::size_t need = n * sizeof(T);
+    if (!ws.empty()) {
+      GRADSYNC_REQUIRE(ws.size() >= need, op, rank,
+                       "workspace holds " + std::to_string(ws.size()) + " bytes, " +
+                           std::to_string(need) + " are needed (ask *_workspace_bytes)");
+      GRADSYNC_REQUIRE(reinterpret_cast<std::uintptr_t>(ws.data()) % alignof(T) == 0, op, rank,
+                       "workspace is not aligned to " + std::to_string(alignof(T)) + " bytes");
+      p_ = reinterpret_cast<T*>(ws.data());
+    } else {
+      own_ = std::make_unique_for_overwrite<T[]>(n);
+      p_ = own_.get();
+    }
+  }
+  T* data() const noexcept { return p_; }
+
+private:
+  std::unique_ptr<T[]> own_;
+  T* p_ = nullptr;
+};
+
+/// out = op(a, b) elementwise, exactly as combine() computes it, 64 bytes per
+/// step for types reduced in their own precision (combine's loop stays scalar
+/// at -O2 because `out` may alias an input; here each vector is loaded before
+/// it is stored, so exact aliasing is still fine).
+template <element T, reduce_op Op>
+inline void combine_wide(T* out, const T* a, const T* b, std::size_t n, Op op) {
+  std::size_t i = 0;
+#if defined(__GNUC__) && !defined(__CUDACC__)
+  if constexpr (std::is_same_v<T, accum_t<T>> && std::is_arithmetic_v<T>) {
+    using vec [[gnu::vector_size(16)]] = T; // SSE2-sized: no ABI change in op()
+    constexpr std::size_t w = 16 / sizeof(T);
+    for (; i + 4 * w <= n; i += 4 * w) {
+      vec x[4], y[4];
+      std::memcpy(x, a + i, sizeof x);
+      std::memcpy(y, b + i, sizeof y);
+      for (int k = 0; k < 4; ++k) x[k] = op(x[k], y[k]);
+      std::memcpy(out + i, x, sizeof x);
+    }
+  }
+#endif
+  combine(out + i, a + i, b + i, n - i, op);
+}
+
+/// The host executor: stateless, cheap to copy; every call completes before
+/// it returns, so fence() has nothing to do.
+struct host {
+  static constexpr memory_space space = memory_space::host;
+
+  template <element T, reduce_op Op>
+  void reduce(T* y, const T* a, const T* b, std::size_t n, Op op) const {
+    combine_wide(y, a, b, n, op);
+  }
+  template <element T, reduce_op Op> void finish(T* y, std::size_t n, Op op, int ranks) const {
+    finalize(y, n, op, ranks);
+  }
+  template <class T> void copy(T* dst, const T* src, std::size_t n) const { copy_elems(dst, src, n); }
+  template <element T>
+  void axpby(T* y, double a, const T* x, double b, std::size_t n) const {
+    const auto wa = static_cast<weight_t<T>>(a), wb = static_cast<weight_t<T>>(b);
+    for (std::size_t i = 0; i < n; ++i) y[i] = axpby1<T>(wa, x[i], wb, y[i]);
+  }
+  template <class T>
+  host_scratch<T> scratch(std::span<std::byte> ws, std::size_t n, const char* op, int rank) const {
+    return host_scratch<T>(ws, n, op, rank);
+  }
+  void fence() const noexcept {}
+};
+
+static_assert(executor<host>);
+
+} // namespace gradsync::exec
