@@ -24,10 +24,31 @@
 // Reduce-scatter is the first half of that (one synchronisation per round),
 // allgather the second (each rank stages its block, every rank copies all).
 //
+// Single copy (transports with single_copy(), decided when the group formed:
+// Linux cross-memory attach, core/cross_memory.hpp). From
+// policy::shm_single_copy_min_bytes on, no byte goes through the arena: each
+// rank publishes (pid, in, out) at the start of its arena half, then
+//   reduce my share reading the peers' parts of `in` straight from their
+//   memory (process_vm_readv, a piece into a cache-sized scratch at a time),
+//   write it to my `out` -> post `reduced`
+//   await `reduced`, read the other shares from their owners' `out` straight
+//   into mine -> post `drained`, await `drained` (so no rank returns, and
+//   frees or rewrites a buffer, while a peer still reads it).
+// In place (in == out) is safe: until `reduced`, rank r writes only share r
+// of its buffer, and peers read only the other shares of it; after
+// `reduced` nobody reads `in` any more, and peers read only share r, which r
+// no longer writes. Reduce-scatter and allgather read the same way (block r
+// of rank r's `in` is the only part r writes, and nobody else reads it).
+// A read that fails (the peer died) fails this rank with errc::peer_failed
+// and aborts the group, so no survivor waits for it.
+//
 // Determinism: every element is reduced as op(...op(x0, x1)..., x(p-1)) in
 // rank order, by one rank (large) or identically by all (small), so all ranks
-// hold bitwise identical results, the same from run to run.
+// hold bitwise identical results, the same from run to run, whichever path
+// (arena or single copy) a call takes.
 #pragma once
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -36,9 +57,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <type_traits>
 
+#include "../core/cross_memory.hpp"
 #include "../core/dtype.hpp"
 #include "../core/error.hpp"
 #include "../core/ops.hpp"
@@ -62,6 +85,13 @@ concept arena_transport = transport<C> && requires(C& c, int q, int k, std::uint
   c.arena_copy(static_cast<std::byte*>(nullptr), static_cast<const std::byte*>(nullptr), std::size_t{0});
   { c.arena_stores() } -> std::same_as<gradsync::detail::timed_choice&>;
   c.abort(std::string());
+};
+
+/// An arena transport whose ranks can also read each other's private memory
+/// (cross-memory attach); single_copy() is the same on every rank.
+template <class C>
+concept single_copy_transport = arena_transport<C> && requires(const C& c) {
+  { c.single_copy() } -> std::convertible_to<bool>;
 };
 
 namespace detail {
@@ -174,6 +204,110 @@ void reduce_pieces(int p, std::size_t m, Op op, Src src, Sink sink) {
   }
 }
 
+// ---- single copy (cross-memory attach) ------------------------------------
+
+// Whether a call of `bytes` takes the single-copy path: the same answer on
+// every rank (single_copy() is agreed when the group forms, and ranks whose
+// sizes differ fail on the signature either way).
+template <arena_transport C> bool single_copy_for(const C& c, std::size_t bytes) {
+  if constexpr (single_copy_transport<C>) return bytes >= policy::shm_single_copy_min_bytes && c.single_copy();
+  else return false;
+}
+
+// What a rank exposes for one single-copy call, at the start of its arena
+// half (written before `copied`, read by peers after awaiting it).
+struct exposed {
+  std::int64_t pid;
+  std::uint64_t in, out; // addresses in that process
+};
+
+inline std::uint64_t address(const void* p) { return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p)); }
+
+// Opens single-copy round `e`: publishes this rank's buffers and the call's
+// signature, waits for every rank's; returns what each rank exposed.
+template <arena_transport C>
+std::unique_ptr<exposed[]> open_single_copy(C& c, std::uint64_t e, std::uint64_t sig, const char* name, const void* in,
+                                            const void* out) {
+  const int p = c.size();
+  open_round(c, e, sig, name, [&] {
+    const exposed mine{static_cast<std::int64_t>(::getpid()), address(in), address(out)};
+    std::memcpy(c.arena(c.rank()) + (e & 1) * half_bytes(c), &mine, sizeof mine);
+  });
+  auto all = std::make_unique<exposed[]>(static_cast<std::size_t>(p));
+  for (int q = 0; q < p; ++q) std::memcpy(&all[static_cast<std::size_t>(q)], c.arena(q) + (e & 1) * half_bytes(c), sizeof(exposed));
+  return all;
+}
+
+// Reads n elements at byte address `remote` of rank q (exposed as x) into
+// `local`. A failed read (the peer died or its buffer vanished) aborts the
+// group, so that no survivor waits for this rank, and fails this call.
+template <arena_transport C, class T>
+void fetch(C& c, const exposed& x, int q, T* local, std::uint64_t remote, std::size_t n, const char* name) {
+  const int err = cma::read(static_cast<int>(x.pid), local, reinterpret_cast<const void*>(static_cast<std::uintptr_t>(remote)),
+                            n * sizeof(T));
+  if (err == 0) return;
+  error why = cma::read_error(err, name, c.rank(), q, static_cast<int>(x.pid));
+  c.abort(why.reason());
+  throw why;
+}
+
+// out[0, n) = op over ranks q in order of rank q's `in` at element `at`
+// (this rank's own part read from `mine`), finalized. Peers' parts come a
+// piece at a time into a scratch of policy::shm_single_copy_scratch_bytes
+// for all of them together, so the reduction reads them from cache.
+template <arena_transport C, element T, reduce_op Op>
+void reduce_remote(C& c, const exposed* x, const T* mine, std::size_t at, T* out, std::size_t n, Op op, const char* name) {
+  const int p = c.size(), r = c.rank();
+  const auto peers = static_cast<std::size_t>(p - 1);
+  const std::size_t piece =
+      std::max(chunk_elems<T>, policy::shm_single_copy_scratch_bytes / sizeof(T) / peers / chunk_elems<T> * chunk_elems<T>);
+  const std::size_t step = std::min(piece, n);
+  auto scratch = std::make_unique_for_overwrite<T[]>(step * peers);
+  auto slot = [&](int q) { return scratch.get() + static_cast<std::size_t>(q < r ? q : q - 1) * step; };
+  const bool stream = n * sizeof(T) >= policy::shm_stream_out_bytes;
+  for (std::size_t k = 0; k < n; k += step) {
+    const std::size_t m = std::min(step, n - k);
+    for (int q = 0; q < p; ++q)
+      if (q != r) fetch(c, x[q], q, slot(q), x[q].in + (at + k) * sizeof(T), m, name);
+    reduce_pieces<T>(
+        p, m, op, [&](int q) { return q == r ? mine + k : static_cast<const T*>(slot(q)); },
+        [&](std::size_t j, const T* acc, std::size_t len) { put(c, stream, out + k + j, acc, len); });
+  }
+}
+
+// The final barrier of a single-copy call: nobody returns (and may release
+// or rewrite a buffer) while a peer still reads it.
+template <arena_transport C> void close_single_copy(C& c, std::uint64_t e, const char* name) {
+  c.arena_post(drained, e);
+  c.arena_await(drained, e, name);
+}
+
+// allreduce() when single_copy_for(): shares of about count/p elements
+// (cache-line multiples), each reduced by its rank and read by the others.
+template <arena_transport C, element T, reduce_op Op>
+void allreduce_single_copy(C& c, const T* in, T* out, std::size_t count, Op op, std::uint64_t sig) {
+  const char* name = "allreduce";
+  const int p = c.size(), r = c.rank();
+  const auto P = static_cast<std::size_t>(p);
+  const std::size_t align = std::max<std::size_t>(1, policy::shm_arena_align / sizeof(T));
+  const std::size_t sh = ((count + P - 1) / P + align - 1) / align * align;
+  auto part = [&](int q, std::size_t& off) {
+    off = std::min(count, static_cast<std::size_t>(q) * sh);
+    return std::min(sh, count - off);
+  };
+  const std::uint64_t e = ++c.arena_epoch();
+  const auto x = open_single_copy(c, e, sig, name, in, out);
+  std::size_t off;
+  const std::size_t n = part(r, off);
+  reduce_remote(c, x.get(), in + off, off, out + off, n, op, name);
+  c.arena_post(reduced, e);
+  c.arena_await(reduced, e, name);
+  for (int q = 0; q < p; ++q)
+    if (q != r)
+      if (const std::size_t m = part(q, off)) fetch(c, x[q], q, out + off, x[q].out + off * sizeof(T), m, name);
+  close_single_copy(c, e, name);
+}
+
 } // namespace detail
 
 /// Allreduce of `count` elements from `in` into `out` (may be equal) through
@@ -192,6 +326,7 @@ void allreduce(C& c, const T* in, T* out, std::size_t count, Op op) {
   const std::size_t cap = half_bytes(c) / sizeof(T);
   GRADSYNC_REQUIRE(cap >= static_cast<std::size_t>(p), name, r, "shm arena too small for this rank count");
   const std::uint64_t sig = signature<T>(call::allreduce, count, Op::kind);
+  if (single_copy_for(c, count * sizeof(T))) return allreduce_single_copy(c, in, out, count, op, sig);
   std::uint64_t& epoch = c.arena_epoch();
 
   if (count * sizeof(T) <= policy::shm_direct_small_bytes && count <= cap) {
@@ -291,8 +426,14 @@ void reduce_scatter(C& c, const T* in, T* out, std::size_t n, Op op) {
   GRADSYNC_REQUIRE(cap >= P, name, r, "shm arena too small for this rank count");
   const std::uint64_t sig = signature<T>(call::reduce_scatter, n, Op::kind);
   const std::size_t sh = share<T>(n * P, P, cap); // piece of every block per round
-  const bool stream = n * P * sizeof(T) >= policy::shm_stream_out_bytes;
   std::uint64_t& epoch = c.arena_epoch();
+  if (single_copy_for(c, n * P * sizeof(T))) { // block r from every rank's `in`, straight into `out`
+    const std::uint64_t e = ++epoch;
+    const auto x = open_single_copy(c, e, sig, name, in, out);
+    reduce_remote(c, x.get(), in + R * n, R * n, out, n, op, name);
+    return close_single_copy(c, e, name);
+  }
+  const bool stream = n * P * sizeof(T) >= policy::shm_stream_out_bytes;
   with_stores(c, call::reduce_scatter, n * P * sizeof(T), [&](bool streamed) {
     for (std::size_t k = 0; k < n; k += sh) {
       const std::uint64_t e = ++epoch;
@@ -327,6 +468,13 @@ template <arena_transport C, element T> void allgather(C& c, const T* in, T* out
   const bool stream = n * static_cast<std::size_t>(p) * sizeof(T) >= policy::shm_stream_out_bytes;
   std::uint64_t& epoch = c.arena_epoch();
   copy_elems(out + R * n, in, n);
+  if (single_copy_for(c, n * static_cast<std::size_t>(p) * sizeof(T))) { // every block straight from its owner's `in`
+    const std::uint64_t e = ++epoch;
+    const auto x = open_single_copy(c, e, sig, name, in, out);
+    for (int q = 0; q < p; ++q)
+      if (q != r) fetch(c, x[q], q, out + static_cast<std::size_t>(q) * n, x[q].in, n, name);
+    return close_single_copy(c, e, name);
+  }
   with_stores(c, call::allgather, n * static_cast<std::size_t>(p) * sizeof(T), [&](bool streamed) {
     for (std::size_t k = 0; k < n; k += cap) {
       const std::uint64_t e = ++epoch;

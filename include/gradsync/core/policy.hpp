@@ -132,6 +132,16 @@ inline constexpr double timed_choice_weight = 0.25;
 /// uses memcpy under 256 B), so shm_direct does not time them.
 inline constexpr std::size_t shm_timed_stores_min_bytes = 256;
 
+/// From this many bytes (all ranks' data of the call: allreduce's buffer,
+/// reduce_scatter's input, allgather's output) shm_direct reads peers'
+/// buffers straight from their memory (process_vm_readv) instead of copying
+/// through the arena, where the group could (shm communicator's single_copy()).
+/// Not yet measured: placeholder.
+inline constexpr std::size_t shm_single_copy_min_bytes = std::size_t{1} << 20;
+/// Scratch a single-copy reduction reads the peers' pieces into (all peers
+/// together, at least 16 KiB each). Not yet measured: placeholder.
+inline constexpr std::size_t shm_single_copy_scratch_bytes = std::size_t{256} << 10;
+
 /// CUDA codec kernels (compress/cuda/*.cuh): threads per block of the
 /// block-per-codec-block kernels, and resident blocks per multiprocessor a
 /// grid-stride kernel is sized for. Not yet measured on a GPU (no device was
