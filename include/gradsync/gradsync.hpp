@@ -1,7 +1,10 @@
-// gradsync: one include for users. Transports that need external libraries
-// (transport/mpi.hpp, transport/nccl.hpp) are included separately.
+// gradsync: one include for users: the collectives, calibrate(comm) for a
+// measured cost model, and the in-process transport. Transports that need
+// external libraries (transport/mpi.hpp, transport/nccl.hpp) are included
+// separately.
 #pragma once
 
+#include "algo/calibrate.hpp"
 #include "collectives.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"

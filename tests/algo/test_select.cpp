@@ -3,6 +3,7 @@
 // calibrate() agreeing one selector on every rank.
 #include <doctest/doctest.h>
 
+#include <gradsync/algo/calibrate.hpp>
 #include <gradsync/collectives.hpp>
 #include <gradsync/transport/inproc.hpp>
 
@@ -287,7 +288,7 @@ TEST_CASE("select: the shared-memory arena allreduce (direct) by hand") {
   cost_model m;
   m.local.gamma = 1e-10;
   m.arena = {.copy = 2e-10, .sync = 1e-6, .half_bytes = 2 << 20, .round_bytes = 4 << 20};
-  const topology t{4, 4, 1};
+  const topology t{4, 4, 1, true};
   // 8 KiB (<= policy::shm_direct_small_bytes): one sync, copy n in, reduce
   // all p copies: 1e-6 + 8192 * 2e-10 + 3 * 8192 * 1e-10 = 5.0960 us.
   CHECK(m.allreduce(algorithm::direct, 8192, t, 1 << 18) == doctest::Approx(5.096e-6).epsilon(1e-12));
@@ -303,7 +304,107 @@ TEST_CASE("select: the shared-memory arena allreduce (direct) by hand") {
   cost_model r = m;
   r.arena.round_bytes = 512 << 10;
   CHECK(r.direct(8 << 20, 4) == doctest::Approx(3992.5888e-6 + 24e-6).epsilon(1e-12));
-  // The model still never picks direct by itself: the shm dispatch does.
+  // Without a shared arena direct does not apply, and is never chosen.
+  const topology no_arena{4, 4, 1};
+  CHECK(m.allreduce(algorithm::direct, 8192, no_arena, 1 << 18) == std::numeric_limits<double>::infinity());
   const selector sel(m);
-  for (std::size_t b = 8; b < (std::size_t{1} << 30); b *= 8) CHECK(sel.choose(b, t, 1 << 18) != algorithm::direct);
+  for (std::size_t b = 8; b < (std::size_t{1} << 30); b *= 8) CHECK(sel.choose(b, no_arena, 1 << 18) != algorithm::direct);
+}
+
+TEST_CASE("select: with a shared arena the model chooses direct where it is cheapest") {
+  // Message costs local = global = {2 us, 1e-10, 1e-10} on 4 ranks, arena
+  // {copy 2e-10, sync 1 us, halves of 2 MiB, rounds of 4 MiB (so 2 MiB)}.
+  cost_model m;
+  m.local = m.global = {2e-6, 1e-10, 1e-10};
+  m.arena = {.copy = 2e-10, .sync = 1e-6, .half_bytes = 2 << 20, .round_bytes = 4 << 20};
+  const selector sel(m);
+  const topology t{4, 4, 1, true};
+  const std::size_t seg = 1 << 18;
+  // 8 KiB: direct 5.096 us (above); rd, the cheapest message schedule:
+  // 2 steps of (2e-6 + 8192e-10) + 2 x 8192e-10 reduced = 7.2768 us.
+  CHECK(m.allreduce(algorithm::rd, 8192, t, seg) == doctest::Approx(7.2768e-6).epsilon(1e-12));
+  CHECK(sel.choose(8192, t, seg) == algorithm::direct);
+  // 64 MiB: direct 32 rounds: 64e-6 + 2 n 2e-10 + 0.75 n 1e-10 = 31.9407 ms;
+  // ring: 12e-6 + 1.5 n 1e-10 + 0.75 n 1e-10 = 15.1115 ms (rabenseifner's 4
+  // messages instead of 6 make it 4 us cheaper still): not direct.
+  const std::size_t big = std::size_t{64} << 20;
+  CHECK(m.allreduce(algorithm::direct, big, t, seg) ==
+        doctest::Approx(64e-6 + 2 * 67108864 * 2e-10 + 0.75 * 67108864 * 1e-10).epsilon(1e-12));
+  CHECK(m.allreduce(algorithm::ring, big, t, seg) ==
+        doctest::Approx(12e-6 + 1.5 * 67108864 * 1e-10 + 0.75 * 67108864 * 1e-10).epsilon(1e-12));
+  CHECK(sel.choose(big, t, seg) != algorithm::direct);
+  // The override table still wins, both ways.
+  CHECK(selector(m, parse_algo_table("ring")).choose(8192, t, seg) == algorithm::ring);
+  CHECK(selector(m, parse_algo_table("direct")).choose(big, t, seg) == algorithm::direct);
+  // Over a grid the choice is the cheapest of every schedule, direct included,
+  // direct's cost written out again here.
+  auto direct_ref = [&](double n, int p) {
+    if (n <= static_cast<double>(policy::shm_direct_small_bytes) && n <= m.arena.half_bytes) return 1e-6 + n * 2e-10 + (p - 1) * n * 1e-10;
+    const double rounds = std::max(1.0, std::ceil(n / (2 << 20)));
+    return 2 * rounds * 1e-6 + 2 * n * 2e-10 + (p - 1.0) / p * n * 1e-10;
+  };
+  const ref_model ref{2e-6, 1e-10, 1e-10, 2e-6, 1e-10, 1e-10, static_cast<double>(seg)};
+  int directs = 0, others = 0;
+  for (int p : {2, 3, 4, 8})
+    for (std::size_t bytes = 4; bytes <= (std::size_t{1} << 28); bytes *= 4) {
+      const topology tp{p, p, 1, true};
+      const auto n = static_cast<double>(bytes);
+      double best = direct_ref(n, p);
+      for (auto x : candidates) best = std::min(best, ref.cost(x, n, p, p, 1));
+      const algorithm got = sel.choose(bytes, tp, seg);
+      const double got_cost = got == algorithm::direct ? direct_ref(n, p) : ref.cost(got, n, p, p, 1);
+      INFO("p=" << p << " bytes=" << bytes << " chose " << algorithm_name(got));
+      CHECK(got_cost <= best * (1 + 1e-12));
+      (got == algorithm::direct ? directs : others) += 1;
+    }
+  CHECK(directs > 0); // both answers occur on this grid
+  CHECK(others > 0);
+}
+
+TEST_CASE("select: reduce-scatter and allgather choose direct or ring by the model") {
+  cost_model m;
+  m.local = {2e-6, 1e-10, 1e-10};
+  m.global = {20e-6, 1e-9, 1e-10};
+  m.arena = {.copy = 2e-10, .sync = 1e-6, .half_bytes = 2 << 20, .round_bytes = 512 << 10};
+  const selector sel(m);
+  const topology t{4, 4, 1, true};
+  const std::size_t seg = 1 << 18, big = std::size_t{64} << 20;
+  // bytes: the whole reduce-scatter input / allgather output (4 blocks).
+  // 8 KiB reduce-scatter: ring 3 (2e-6 + 2048 (1e-10 + 1e-10)) = 7.2288 us;
+  // direct 1 round: 1e-6 + 8192 x 2e-10 + 0.75 x 8192 x 1e-10 = 3.2528 us.
+  CHECK(m.scatter_gather(algorithm::ring, 8192, t, true) == doctest::Approx(7.2288e-6).epsilon(1e-12));
+  CHECK(m.scatter_gather(algorithm::direct, 8192, t, true) == doctest::Approx(3.2528e-6).epsilon(1e-12));
+  CHECK(sel.choose_reduce_scatter(8192, t, seg) == algorithm::direct);
+  // 64 MiB: ring 3 (2e-6 + 16 Mi x 2e-10) = 10.0723296 ms; direct 32 rounds
+  // of 2 MiB: 32e-6 + 13.4217728e-3 + 5.0331648e-3 = 18.4869376 ms.
+  CHECK(m.scatter_gather(algorithm::ring, big, t, true) == doctest::Approx(10.0723296e-3).epsilon(1e-12));
+  CHECK(m.scatter_gather(algorithm::direct, big, t, true) == doctest::Approx(18.4869376e-3).epsilon(1e-12));
+  CHECK(sel.choose_reduce_scatter(big, t, seg) == algorithm::ring);
+  // 8 KiB allgather: ring 3 (2e-6 + 2048e-10) = 6.6144 us; direct: stage one
+  // 2 KiB block in 1 round: 1e-6 + 8192 x 2e-10 = 2.6384 us.
+  CHECK(m.scatter_gather(algorithm::ring, 8192, t, false) == doctest::Approx(6.6144e-6).epsilon(1e-12));
+  CHECK(m.scatter_gather(algorithm::direct, 8192, t, false) == doctest::Approx(2.6384e-6).epsilon(1e-12));
+  CHECK(sel.choose_allgather(8192, t, seg) == algorithm::direct);
+  // 64 MiB: ring 3 (2e-6 + 16 Mi x 1e-10) = 5.0391648 ms; direct: blocks of
+  // 16 MiB in 8 rounds: 8e-6 + 13.4217728e-3 = 13.4297728 ms.
+  CHECK(m.scatter_gather(algorithm::ring, big, t, false) == doctest::Approx(5.0391648e-3).epsilon(1e-12));
+  CHECK(m.scatter_gather(algorithm::direct, big, t, false) == doctest::Approx(13.4297728e-3).epsilon(1e-12));
+  CHECK(sel.choose_allgather(big, t, seg) == algorithm::ring);
+  // Several groups: the ring runs on the global link. 8 KiB allgather on 2
+  // groups of 2: 3 (20e-6 + 2048e-9) = 66.144 us.
+  const topology grouped{4, 2, 2, true};
+  CHECK(m.scatter_gather(algorithm::ring, 8192, grouped, false) == doctest::Approx(66.144e-6).epsilon(1e-12));
+  // No arena: always ring, direct costs infinity; one rank: nothing to do.
+  const topology no_arena{4, 4, 1};
+  CHECK(m.scatter_gather(algorithm::direct, 8192, no_arena, true) == std::numeric_limits<double>::infinity());
+  CHECK(m.scatter_gather(algorithm::tree, 8192, t, true) == std::numeric_limits<double>::infinity());
+  CHECK(m.scatter_gather(algorithm::ring, 8192, topology{1, 1, 1, true}, true) == 0);
+  for (std::size_t b = 8; b <= big; b *= 8) {
+    CHECK(sel.choose_reduce_scatter(b, no_arena, seg) == algorithm::ring);
+    CHECK(sel.choose_allgather(b, no_arena, seg) == algorithm::ring);
+  }
+  // The table wins when it names ring or direct; other names fall to the model.
+  CHECK(selector(m, parse_algo_table("ring")).choose_reduce_scatter(8192, t, seg) == algorithm::ring);
+  CHECK(selector(m, parse_algo_table("direct")).choose_allgather(big, t, seg) == algorithm::direct);
+  CHECK(selector(m, parse_algo_table("rd")).choose_allgather(8192, t, seg) == algorithm::direct);
 }

@@ -1,42 +1,35 @@
 // gradsync: automatic algorithm choice. An alpha-beta-gamma cost model
 // (alpha: seconds per message, beta: per byte sent, gamma: per byte reduced;
-// one set per level: inside a group/node and between groups) predicts each
+// one set per level: inside a group/node and between groups; plus the costs
+// of the shared-memory arena where the transport has one) predicts each
 // schedule's time from the textbook formulas (docs/algorithms.md), and the
 // cheapest wins. An override table (GRADSYNC_ALGO, or given in code) can pin
 // an algorithm per message-size range.
 //
+// This header is the model alone: pure functions of numbers, no
+// communication, no schedule or transport headers. Measuring the numbers
+// (`calibrate(comm)`, which runs collectives) lives in algo/calibrate.hpp.
+//
 // No hidden global state: the model and the table live in a `selector` value
 // the caller owns and passes through options::select (null: the policy
-// defaults, no table). `calibrate(comm)` builds one collectively: it times a
-// ping-pong, the reduce kernel, memcpy and (over shared memory) the arena's
-// synchronisation, reads GRADSYNC_ALGO once, and agrees all
-// of it across ranks, because ranks that chose differently would deadlock.
+// defaults, no table).
 #pragma once
 
 #include <algorithm>
 #include <bit>
-#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <limits>
-#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "../core/error.hpp"
-#include "../core/ops.hpp"
 #include "../core/policy.hpp"
-#include "../core/reduce.hpp"
-#include "../transport/subgroup.hpp"
-#include "dissemination.hpp"
 #include "options.hpp"
-#include "ring.hpp"
-#include "schedule.hpp"
-#include "shm_direct.hpp"
 
 namespace gradsync {
 
@@ -61,11 +54,14 @@ struct arena_cost {
 };
 
 /// The communicator as the model sees it: `ranks` ranks in `groups` groups of
-/// at most `group_size` (1 group: no hierarchy known).
+/// at most `group_size` (1 group: no hierarchy known); `shared_arena`: the
+/// transport has a shared-memory arena (algo/shm_direct.hpp), so the arena
+/// schedules (algorithm::direct) are candidates.
 struct topology {
   int ranks = 1;
   int group_size = 1;
   int groups = 1;
+  bool shared_arena = false;
 };
 
 /// Row length of the `twod` grid on p ranks: the divisor of p closest to
@@ -152,7 +148,8 @@ struct cost_model {
     return 2 * rounds * arena.sync + 2 * n * arena.copy + (p - 1.0) / p * n * g;
   }
   /// Predicted seconds of allreduce algorithm `a` (any but automatic) on `t`;
-  /// infinity where `a` does not apply (hier without groups, twod below 4 ranks).
+  /// infinity where `a` does not apply (hier without groups, twod below 4
+  /// ranks, direct without a shared arena).
   double allreduce(algorithm a, std::size_t bytes, const topology& t, std::size_t seg) const {
     const auto n = static_cast<double>(bytes);
     const auto s = static_cast<double>(seg);
@@ -162,10 +159,38 @@ struct cost_model {
       return t.groups > 1 && t.group_size > 1 ? hier(n, t.group_size, t.groups, s) : inf;
     case algorithm::twod:
       return t.ranks >= 4 ? twod(n, t.ranks, grid_row(t.ranks), flat_link(t)) : inf;
-    case algorithm::direct: return direct(n, t.ranks);
+    case algorithm::direct: return t.shared_arena ? direct(n, t.ranks) : inf;
     case algorithm::automatic: return inf;
     default: return flat(a, n, t.ranks, flat_link(t), s);
     }
+  }
+  /// Arena reduce-scatter (`reduce`: true) or allgather of `n` bytes in all
+  /// (p blocks of n/p): the two halves of direct's large path. Reduce-scatter
+  /// rounds move at most half an arena of input and synchronise once; each
+  /// rank copies (p-1)/p n in and its n/p block out (n) and reduces (p-1)/p n.
+  /// Allgather rounds stage at most half an arena of the own block and
+  /// synchronise once; each rank copies n/p in and (p-1)/p n out (n).
+  double arena_half(double n, int p, bool reduce) const {
+    if (p <= 1) return 0;
+    const double staged = reduce ? n : n / p; // bytes one rank stages in all rounds
+    const double rounds = std::max(1.0, std::ceil(staged / arena.half_bytes));
+    return rounds * arena.sync + n * arena.copy + (reduce ? (p - 1.0) / p * n * local.gamma : 0);
+  }
+  /// Predicted seconds of a reduce-scatter (`reduce`: true) or allgather of
+  /// `bytes` in all (p blocks) by `a`: `ring` is (p-1)(alpha + n/p beta
+  /// [+ n/p gamma]) on the flat link (one message per step, like the
+  /// allreduce ring's formula, so `seg` does not enter), `direct` arena_half
+  /// where t.shared_arena; infinity for anything else.
+  double scatter_gather(algorithm a, std::size_t bytes, const topology& t, bool reduce) const {
+    const int p = t.ranks;
+    if (p <= 1) return 0;
+    const auto n = static_cast<double>(bytes);
+    if (a == algorithm::ring) {
+      const link_cost& l = flat_link(t);
+      return (p - 1) * (l.alpha + n / p * (l.beta + (reduce ? l.gamma : 0)));
+    }
+    if (a == algorithm::direct && t.shared_arena) return arena_half(n, p, reduce);
+    return std::numeric_limits<double>::infinity();
   }
   /// Predicted seconds of a broadcast (`reduce`: false) or reduce of `bytes`
   /// from/to one root: `tree` is the binomial tree, `ring` the pipelined chain.
@@ -245,7 +270,7 @@ inline std::vector<size_rule> parse_algo_table(std::string_view spec) {
     const std::string_view name = detail::trim(token.substr(0, colon));
     if (!parse_algorithm(name, rule.algo))
       detail::bad_rule(token, "unknown algorithm '" + std::string(name) +
-                                  "' (auto, ring, tree, dbtree, rd, rabenseifner, hier, 2d)");
+                                  "' (auto, ring, tree, dbtree, rd, rabenseifner, hier, 2d, direct)");
     if (colon != std::string_view::npos) {
       const std::string_view range = token.substr(colon + 1);
       const auto dash = range.find('-');
@@ -298,13 +323,14 @@ public:
     return cheapest(bytes, t, seg);
   }
 
-  /// The cheapest allreduce schedule on `t` by the model alone.
+  /// The cheapest allreduce schedule on `t` by the model alone (direct only
+  /// where t.shared_arena).
   algorithm cheapest(std::size_t bytes, const topology& t, std::size_t seg) const {
     if (t.ranks <= 1) return algorithm::ring;
     algorithm best = algorithm::ring;
     double cost = std::numeric_limits<double>::infinity();
     for (auto a : {algorithm::ring, algorithm::tree, algorithm::dbtree, algorithm::rd,
-                   algorithm::rabenseifner, algorithm::twod, algorithm::hier})
+                   algorithm::rabenseifner, algorithm::twod, algorithm::hier, algorithm::direct})
       // a later candidate must be cheaper beyond rounding (e.g. 2d and
       // rabenseifner cost exactly the same on 4 ranks)
       if (const double c = model_.allreduce(a, bytes, t, seg); c < cost * (1 - 1e-9)) {
@@ -333,196 +359,29 @@ public:
                : algorithm::ring;
   }
 
+  /// Reduce-scatter schedule for `bytes` in all (p blocks of bytes/p) on
+  /// `t`: the table's entry when it names ring or direct, else `direct` where
+  /// t.shared_arena and the model predicts it cheaper, else `ring`. `seg` is
+  /// the call's segment size (the ring's formula does not depend on it).
+  algorithm choose_reduce_scatter(std::size_t bytes, const topology& t, std::size_t /*seg*/) const {
+    return choose_ring_or_direct(bytes, t, true);
+  }
+  /// Allgather schedule for `bytes` in all (p blocks): as choose_reduce_scatter.
+  algorithm choose_allgather(std::size_t bytes, const topology& t, std::size_t /*seg*/) const {
+    return choose_ring_or_direct(bytes, t, false);
+  }
+
 private:
+  algorithm choose_ring_or_direct(std::size_t bytes, const topology& t, bool reduce) const {
+    if (const auto a = pinned(bytes); a == algorithm::ring || a == algorithm::direct) return a;
+    return model_.scatter_gather(algorithm::direct, bytes, t, reduce) <
+                   model_.scatter_gather(algorithm::ring, bytes, t, reduce)
+               ? algorithm::direct
+               : algorithm::ring;
+  }
+
   cost_model model_;
   std::vector<size_rule> table_;
 };
-
-namespace detail {
-
-/// Seconds of the fastest of `iters` calls of f().
-template <class F> double best_seconds(int iters, F f) {
-  double best = std::numeric_limits<double>::infinity();
-  for (int i = 0; i < iters; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
-}
-
-/// One step of a schedule as collectives run it, every rank busy at once:
-/// each rank sends `bytes` to `to` and receives as many from `from` (-1: no
-/// such message this step). Mean seconds of `iters` steps on this rank (0
-/// if it has nothing to do). Timing all ranks together, rather than a
-/// ping-pong between two while the rest idle, charges what a real step
-/// costs: with more ranks than cores (in-process threads) a step waits for
-/// the cores, and every pair shares the memory bandwidth.
-template <transport C>
-double exchange_step(C& c, int to, int from, std::size_t bytes, int iters, int tag) {
-  if (to < 0 && from < 0) return 0;
-  std::vector<std::byte> out(bytes), in(bytes);
-  std::optional<decltype(c.irecv(std::span<std::byte>(in), from, tag))> rq;
-  std::optional<decltype(c.isend(std::span<const std::byte>(out), to, tag))> sq;
-  auto step = [&] {
-    if (from >= 0) rq.emplace(c.irecv(std::span<std::byte>(in), from, tag));
-    if (to >= 0) sq.emplace(c.isend(std::span<const std::byte>(out), to, tag));
-    if (rq) rq->wait();
-    if (sq) sq->wait();
-    rq.reset();
-    sq.reset();
-  };
-  step(); // warm: buffers faulted in, peers awake
-  // The mean, not the best: with more ranks than cores the best step is one
-  // in which the pair happened to have the cores to itself, which a
-  // collective's steps do not.
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int k = 0; k < iters; ++k) step();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
-}
-
-/// alpha and beta of one exchange step with partners `to` and `from` (-1:
-/// none), measured on every rank at once (see exchange_step).
-template <transport C> link_cost measure_step(C& c, int to, int from, int tag) {
-  // Start together (the barrier's own tag: its messages cannot match a step's).
-  algo::dissemination::barrier(c, tag + 1);
-  const double small = exchange_step(c, to, from, 8, policy::calibrate_iters, tag);
-  algo::dissemination::barrier(c, tag + 1);
-  const double large = exchange_step(c, to, from, policy::calibrate_bytes, policy::calibrate_iters / 4 + 1, tag);
-  link_cost l;
-  l.alpha = small;
-  l.beta = std::max(0.0, large - small) / static_cast<double>(policy::calibrate_bytes);
-  return l;
-}
-
-/// Seconds per byte on this rank (best of a few passes over
-/// policy::calibrate_bytes) of the float sum kernel (gamma) and of memcpy
-/// (the arena's copy cost).
-struct kernel_costs {
-  double gamma = 0, copy = 0;
-};
-inline kernel_costs measure_kernels() {
-  const std::size_t n = policy::calibrate_bytes / sizeof(float);
-  std::vector<float> a(n, 1.0f), b(n, 2.0f);
-  const auto per_byte = [](double s) { return s / static_cast<double>(policy::calibrate_bytes); };
-  kernel_costs k;
-  k.gamma = per_byte(best_seconds(5, [&] {
-    combine(a.data(), static_cast<const float*>(a.data()), static_cast<const float*>(b.data()), n, op::sum{});
-  }));
-  k.copy = per_byte(best_seconds(5, [&] {
-    std::memcpy(b.data(), a.data(), policy::calibrate_bytes);
-#if defined(__GNUC__)
-    asm volatile("" : : "r"(b.data()) : "memory"); // the copy must happen, and here
-#endif
-  }));
-  return k;
-}
-
-/// Fastest direct allreduce (algo/shm_direct.hpp) of 4 bytes (one
-/// synchronisation; copying and reducing 4 bytes is noise) and of
-/// policy::calibrate_bytes (one round of the large path), in seconds. Both 0
-/// on transports without an arena, where direct cannot run.
-struct direct_times {
-  double small = 0, large = 0;
-};
-static_assert(policy::calibrate_bytes > policy::shm_direct_small_bytes);
-template <transport C> direct_times time_direct(C& c) {
-  if constexpr (algo::shm_direct::arena_transport<C>) {
-    std::vector<float> x(policy::calibrate_bytes / sizeof(float), 1.0f);
-    auto best = [&](std::size_t n, int iters) {
-      return best_seconds(iters, [&] { algo::shm_direct::allreduce(c, x.data(), x.data(), n, op::max{}); });
-    };
-    return {best(1, policy::calibrate_iters), best(x.size(), policy::calibrate_iters / 4 + 1)};
-  } else {
-    return {};
-  }
-}
-
-inline std::int64_t fnv1a(std::string_view s) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (char ch : s) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
-  return static_cast<std::int64_t>(h >> 2); // non-negative, so -h cannot overflow
-}
-
-} // namespace detail
-
-/// Builds a selector collectively (every rank must call it, with the same
-/// `group_size`): times one exchange step with every rank busy at once (see
-/// exchange_step: 8 bytes for alpha, policy::calibrate_bytes for beta)
-/// around each group and, when there are several groups, between
-/// neighbouring groups (groups as in groups_of: blocks of `group_size`, else
-/// the transport's nodes), and the float reduce kernel on every rank; reads GRADSYNC_ALGO once. The measurements (the slowest rank's
-/// gamma and memcpy cost) and the table are agreed by an allreduce, so every
-/// rank returns the same selector. On a transport with a shared-memory arena
-/// it also times the direct allreduce of 4 bytes (the arena's sync) and of
-/// policy::calibrate_bytes (its copy cost, after the syncs and reduction) and
-/// reads the arena's size; elsewhere the arena's sync is the local alpha and
-/// its copy cost the memcpy's. Throws on every rank if any rank's GRADSYNC_ALGO is
-/// malformed or differs from the others'. Costs about 2 x
-/// policy::calibrate_iters exchange steps plus a few reduce-kernel passes.
-template <transport C> selector calibrate(C& c, int group_size = 0, const options& o = {}) {
-  const int p = c.size(), r = c.rank();
-  const rank_groups groups = groups_of(c, group_size);
-  // The environment is parsed first but errors are raised only after the
-  // agreement below, so a rank with a bad value cannot leave others waiting.
-  const char* env = std::getenv("GRADSYNC_ALGO");
-  const std::string spec = env ? env : "";
-  std::vector<size_rule> table;
-  std::optional<error> parse_error;
-  try {
-    table = parse_algo_table(spec);
-  } catch (const error& e) {
-    parse_error = e;
-  }
-  // Local step: a shift around each group; global step: a shift between
-  // neighbouring groups, rank i of group k to rank i of group k+1.
-  const int k = groups.group_of[static_cast<std::size_t>(r)], ng = groups.count();
-  const auto& mine = groups.members[static_cast<std::size_t>(k)];
-  const int g = static_cast<int>(mine.size());
-  const int i = static_cast<int>(std::find(mine.begin(), mine.end(), r) - mine.begin());
-  const int lto = g > 1 ? mine[static_cast<std::size_t>((i + 1) % g)] : -1;
-  const int lfrom = g > 1 ? mine[static_cast<std::size_t>((i + g - 1) % g)] : -1;
-  auto member = [&](int group, int idx) {
-    const auto& mem = groups.members[static_cast<std::size_t>(group)];
-    return ng > 1 && idx < static_cast<int>(mem.size()) ? mem[static_cast<std::size_t>(idx)] : -1;
-  };
-  const link_cost local = detail::measure_step(c, lto, lfrom, o.tag);
-  const link_cost global = detail::measure_step(c, member((k + 1) % ng, i), member((k + ng - 1) % ng, i), o.tag);
-  const detail::direct_times direct = detail::time_direct(c);
-  const detail::kernel_costs kernels = detail::measure_kernels();
-  const double h = static_cast<double>(detail::fnv1a(spec));
-  // max over ranks of: step times (the slowest rank's), gamma, the table's
-  // hash and its negation (equal everywhere iff max(h) == -max(-h)), error
-  // flag, memcpy cost, the direct allreduce's times.
-  std::vector<double> v{local.alpha, local.beta, global.alpha, global.beta, kernels.gamma,
-                        h, -h, parse_error ? 1.0 : 0.0, kernels.copy, direct.small, direct.large};
-  std::vector<double> ws(algo::ring::scratch_elems(partition{v.size(), static_cast<std::size_t>(p)},
-                                                   sizeof(double), policy::ring_segment_bytes, p));
-  algo::ring::allreduce(c, static_cast<const double*>(v.data()), v.data(), v.size(), op::max{},
-                        policy::ring_segment_bytes, o.tag, ws.data());
-  if (v[7] != 0) {
-    if (parse_error) throw error(parse_error->op(), r, -1, parse_error->reason());
-    throw error("GRADSYNC_ALGO", r, -1, "malformed on another rank");
-  }
-  GRADSYNC_REQUIRE(v[5] == -v[6], "GRADSYNC_ALGO", r, "differs between ranks (this rank: '" + spec + "')");
-  cost_model m;
-  m.local = {v[0], v[1], v[4]};
-  m.global = groups.count() > 1 ? link_cost{v[2], v[3], v[4]} : m.local;
-  m.arena.copy = v[8];
-  m.arena.sync = v[9] > 0 ? v[9] : v[0];
-  if constexpr (algo::shm_direct::arena_transport<C>) {
-    m.arena.half_bytes = static_cast<double>(algo::shm_direct::detail::half_bytes(c));
-    // Copies between ranks' caches cost more than a memcpy within one: the
-    // copy cost is what the timed large direct allreduce leaves after its
-    // synchronisations and reduction.
-    if (p > 1) {
-      const auto n = static_cast<double>(policy::calibrate_bytes);
-      cost_model no_copy = m;
-      no_copy.arena.copy = 0;
-      m.arena.copy = std::max(0.0, v[10] - no_copy.direct(n, p)) / (2 * n);
-    }
-  }
-  return selector(m, std::move(table));
-}
 
 } // namespace gradsync

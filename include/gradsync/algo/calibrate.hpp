@@ -1,0 +1,222 @@
+// gradsync: calibration, the measuring half of automatic algorithm choice.
+// `calibrate(comm)` runs collectives to time one exchange step per link level,
+// the reduce kernel, memcpy and (over shared memory) the arena allreduce, and
+// returns a selector (algo/select.hpp, the pure model) whose costs every rank
+// agrees on. Kept apart from select.hpp so that the model, which every
+// collective consults, pulls in no measurement or schedule code.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "../collectives.hpp"
+#include "../core/error.hpp"
+#include "../core/ops.hpp"
+#include "../core/policy.hpp"
+#include "../core/reduce.hpp"
+#include "../transport/subgroup.hpp"
+#include "../transport/transport.hpp"
+#include "options.hpp"
+#include "select.hpp"
+#include "shm_direct.hpp"
+
+namespace gradsync {
+
+namespace detail {
+
+/// Seconds of the fastest of `iters` calls of f().
+template <class F> double best_seconds(int iters, F f) {
+  double best = std::numeric_limits<double>::infinity();
+  for (int i = 0; i < iters; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+/// One step of a schedule as collectives run it, every rank busy at once:
+/// each rank sends `bytes` to `to` and receives as many from `from` (-1: no
+/// such message this step). Mean seconds of `iters` steps on this rank (0
+/// if it has nothing to do). Timing all ranks together, rather than a
+/// ping-pong between two while the rest idle, charges what a real step
+/// costs: with more ranks than cores (in-process threads) a step waits for
+/// the cores, and every pair shares the memory bandwidth.
+template <transport C>
+double exchange_step(C& c, int to, int from, std::size_t bytes, int iters, int tag) {
+  if (to < 0 && from < 0) return 0;
+  std::vector<std::byte> out(bytes), in(bytes);
+  std::optional<decltype(c.irecv(std::span<std::byte>(in), from, tag))> rq;
+  std::optional<decltype(c.isend(std::span<const std::byte>(out), to, tag))> sq;
+  auto step = [&] {
+    if (from >= 0) rq.emplace(c.irecv(std::span<std::byte>(in), from, tag));
+    if (to >= 0) sq.emplace(c.isend(std::span<const std::byte>(out), to, tag));
+    if (rq) rq->wait();
+    if (sq) sq->wait();
+    rq.reset();
+    sq.reset();
+  };
+  step(); // warm: buffers faulted in, peers awake
+  // The mean, not the best: with more ranks than cores the best step is one
+  // in which the pair happened to have the cores to itself, which a
+  // collective's steps do not.
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int k = 0; k < iters; ++k) step();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+}
+
+/// alpha and beta of one exchange step with partners `to` and `from` (-1:
+/// none), measured on every rank at once (see exchange_step).
+template <transport C> link_cost measure_step(C& c, int to, int from, int tag) {
+  // Start together (the barrier's own tag: its messages cannot match a step's).
+  barrier(c, {.tag = tag + 1});
+  const double small = exchange_step(c, to, from, 8, policy::calibrate_iters, tag);
+  barrier(c, {.tag = tag + 1});
+  const double large = exchange_step(c, to, from, policy::calibrate_bytes, policy::calibrate_iters / 4 + 1, tag);
+  link_cost l;
+  l.alpha = small;
+  l.beta = std::max(0.0, large - small) / static_cast<double>(policy::calibrate_bytes);
+  return l;
+}
+
+/// Seconds per byte on this rank (best of a few passes over
+/// policy::calibrate_bytes) of the float sum kernel (gamma) and of memcpy
+/// (the arena's copy cost).
+struct kernel_costs {
+  double gamma = 0, copy = 0;
+};
+inline kernel_costs measure_kernels() {
+  const std::size_t n = policy::calibrate_bytes / sizeof(float);
+  std::vector<float> a(n, 1.0f), b(n, 2.0f);
+  const auto per_byte = [](double s) { return s / static_cast<double>(policy::calibrate_bytes); };
+  kernel_costs k;
+  k.gamma = per_byte(best_seconds(5, [&] {
+    combine(a.data(), static_cast<const float*>(a.data()), static_cast<const float*>(b.data()), n, op::sum{});
+  }));
+  k.copy = per_byte(best_seconds(5, [&] {
+    std::memcpy(b.data(), a.data(), policy::calibrate_bytes);
+#if defined(__GNUC__)
+    asm volatile("" : : "r"(b.data()) : "memory"); // the copy must happen, and here
+#endif
+  }));
+  return k;
+}
+
+/// Fastest direct allreduce (algo/shm_direct.hpp) of 4 bytes (one
+/// synchronisation; copying and reducing 4 bytes is noise) and of
+/// policy::calibrate_bytes (one round of the large path), in seconds. Both 0
+/// on transports without an arena, where direct cannot run.
+struct direct_times {
+  double small = 0, large = 0;
+};
+static_assert(policy::calibrate_bytes > policy::shm_direct_small_bytes);
+template <transport C> direct_times time_direct(C& c) {
+  if constexpr (algo::shm_direct::arena_transport<C>) {
+    std::vector<float> x(policy::calibrate_bytes / sizeof(float), 1.0f);
+    const options direct{.algo = algorithm::direct};
+    auto best = [&](std::size_t n, int iters) {
+      return best_seconds(iters, [&] { allreduce(c, std::span<float>(x.data(), n), op::max{}, direct); });
+    };
+    return {best(1, policy::calibrate_iters), best(x.size(), policy::calibrate_iters / 4 + 1)};
+  } else {
+    return {};
+  }
+}
+
+inline std::int64_t fnv1a(std::string_view s) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (char ch : s) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
+  return static_cast<std::int64_t>(h >> 2); // non-negative, so -h cannot overflow
+}
+
+} // namespace detail
+
+/// Builds a selector collectively (every rank must call it, with the same
+/// `group_size`): times one exchange step with every rank busy at once (see
+/// exchange_step: 8 bytes for alpha, policy::calibrate_bytes for beta)
+/// around each group and, when there are several groups, between
+/// neighbouring groups (groups as in groups_of: blocks of `group_size`, else
+/// the transport's nodes), and the float reduce kernel on every rank; reads GRADSYNC_ALGO once. The measurements (the slowest rank's
+/// gamma and memcpy cost) and the table are agreed by an allreduce, so every
+/// rank returns the same selector. On a transport with a shared-memory arena
+/// it also times the direct allreduce of 4 bytes (the arena's sync) and of
+/// policy::calibrate_bytes (its copy cost, after the syncs and reduction) and
+/// reads the arena's size; elsewhere the arena's sync is the local alpha and
+/// its copy cost the memcpy's. Throws on every rank if any rank's GRADSYNC_ALGO is
+/// malformed or differs from the others'. Costs about 2 x
+/// policy::calibrate_iters exchange steps plus a few reduce-kernel passes.
+template <transport C> selector calibrate(C& c, int group_size = 0, const options& o = {}) {
+  const int p = c.size(), r = c.rank();
+  const rank_groups groups = groups_of(c, group_size);
+  // The environment is parsed first but errors are raised only after the
+  // agreement below, so a rank with a bad value cannot leave others waiting.
+  const char* env = std::getenv("GRADSYNC_ALGO");
+  const std::string spec = env ? env : "";
+  std::vector<size_rule> table;
+  std::optional<error> parse_error;
+  try {
+    table = parse_algo_table(spec);
+  } catch (const error& e) {
+    parse_error = e;
+  }
+  // Local step: a shift around each group; global step: a shift between
+  // neighbouring groups, rank i of group k to rank i of group k+1.
+  const int k = groups.group_of[static_cast<std::size_t>(r)], ng = groups.count();
+  const auto& mine = groups.members[static_cast<std::size_t>(k)];
+  const int g = static_cast<int>(mine.size());
+  const int i = static_cast<int>(std::find(mine.begin(), mine.end(), r) - mine.begin());
+  const int lto = g > 1 ? mine[static_cast<std::size_t>((i + 1) % g)] : -1;
+  const int lfrom = g > 1 ? mine[static_cast<std::size_t>((i + g - 1) % g)] : -1;
+  auto member = [&](int group, int idx) {
+    const auto& mem = groups.members[static_cast<std::size_t>(group)];
+    return ng > 1 && idx < static_cast<int>(mem.size()) ? mem[static_cast<std::size_t>(idx)] : -1;
+  };
+  const link_cost local = detail::measure_step(c, lto, lfrom, o.tag);
+  const link_cost global = detail::measure_step(c, member((k + 1) % ng, i), member((k + ng - 1) % ng, i), o.tag);
+  const detail::direct_times direct = detail::time_direct(c);
+  const detail::kernel_costs kernels = detail::measure_kernels();
+  const double h = static_cast<double>(detail::fnv1a(spec));
+  // max over ranks of: step times (the slowest rank's), gamma, the table's
+  // hash and its negation (equal everywhere iff max(h) == -max(-h)), error
+  // flag, memcpy cost, the direct allreduce's times.
+  std::vector<double> v{local.alpha, local.beta, global.alpha, global.beta, kernels.gamma,
+                        h, -h, parse_error ? 1.0 : 0.0, kernels.copy, direct.small, direct.large};
+  // A fixed schedule: `automatic` would consult a model, which is what this
+  // call is still agreeing on.
+  allreduce(c, std::span<double>(v), op::max{}, options{.algo = algorithm::ring, .tag = o.tag});
+  if (v[7] != 0) {
+    if (parse_error) throw error(parse_error->op(), r, -1, parse_error->reason());
+    throw error("GRADSYNC_ALGO", r, -1, "malformed on another rank");
+  }
+  GRADSYNC_REQUIRE(v[5] == -v[6], "GRADSYNC_ALGO", r, "differs between ranks (this rank: '" + spec + "')");
+  cost_model m;
+  m.local = {v[0], v[1], v[4]};
+  m.global = groups.count() > 1 ? link_cost{v[2], v[3], v[4]} : m.local;
+  m.arena.copy = v[8];
+  m.arena.sync = v[9] > 0 ? v[9] : v[0];
+  if constexpr (algo::shm_direct::arena_transport<C>) {
+    m.arena.half_bytes = static_cast<double>(algo::shm_direct::detail::half_bytes(c));
+    // Copies between ranks' caches cost more than a memcpy within one: the
+    // copy cost is what the timed large direct allreduce leaves after its
+    // synchronisations and reduction.
+    if (p > 1) {
+      const auto n = static_cast<double>(policy::calibrate_bytes);
+      cost_model no_copy = m;
+      no_copy.arena.copy = 0;
+      m.arena.copy = std::max(0.0, v[10] - no_copy.direct(n, p)) / (2 * n);
+    }
+  }
+  return selector(m, std::move(table));
+}
+
+} // namespace gradsync
