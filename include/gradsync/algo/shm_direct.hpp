@@ -251,6 +251,22 @@ void fetch(C& c, const exposed& x, int q, T* local, std::uint64_t remote, std::s
   throw why;
 }
 
+// Awaits counter `k` of every rank at `e`. A failure that a dead rank caused
+// (noticed by the engine, or by a peer that aborted the group) is reported
+// as errc::peer_failed naming that rank; anything else as it came.
+template <arena_transport C>
+void await_peers(C& c, const exposed* x, int k, std::uint64_t e, const char* name) {
+  try {
+    c.arena_await(k, e, name);
+  } catch (const error& ex) {
+    for (int q = 0; q < c.size(); ++q)
+      if (q != c.rank() && cma::gone(static_cast<int>(x[q].pid), x[q].in))
+        throw error(errc::peer_failed, name, c.rank(), q,
+                    "rank " + std::to_string(q) + " (pid " + std::to_string(x[q].pid) + ") died: " + ex.reason());
+    throw;
+  }
+}
+
 // out[0, n) = op over ranks q in order of rank q's `in` at element `at`
 // (this rank's own part read from `mine`), finalized. Peers' parts come a
 // piece at a time into a scratch of policy::shm_single_copy_scratch_bytes
@@ -277,9 +293,9 @@ void reduce_remote(C& c, const exposed* x, const T* mine, std::size_t at, T* out
 
 // The final barrier of a single-copy call: nobody returns (and may release
 // or rewrite a buffer) while a peer still reads it.
-template <arena_transport C> void close_single_copy(C& c, std::uint64_t e, const char* name) {
+template <arena_transport C> void close_single_copy(C& c, const exposed* x, std::uint64_t e, const char* name) {
   c.arena_post(drained, e);
-  c.arena_await(drained, e, name);
+  await_peers(c, x, drained, e, name);
 }
 
 // allreduce() when single_copy_for(): shares of about count/p elements
@@ -301,11 +317,11 @@ void allreduce_single_copy(C& c, const T* in, T* out, std::size_t count, Op op, 
   const std::size_t n = part(r, off);
   reduce_remote(c, x.get(), in + off, off, out + off, n, op, name);
   c.arena_post(reduced, e);
-  c.arena_await(reduced, e, name);
+  await_peers(c, x.get(), reduced, e, name);
   for (int q = 0; q < p; ++q)
     if (q != r)
       if (const std::size_t m = part(q, off)) fetch(c, x[q], q, out + off, x[q].out + off * sizeof(T), m, name);
-  close_single_copy(c, e, name);
+  close_single_copy(c, x.get(), e, name);
 }
 
 } // namespace detail
@@ -431,7 +447,7 @@ void reduce_scatter(C& c, const T* in, T* out, std::size_t n, Op op) {
     const std::uint64_t e = ++epoch;
     const auto x = open_single_copy(c, e, sig, name, in, out);
     reduce_remote(c, x.get(), in + R * n, R * n, out, n, op, name);
-    return close_single_copy(c, e, name);
+    return close_single_copy(c, x.get(), e, name);
   }
   const bool stream = n * P * sizeof(T) >= policy::shm_stream_out_bytes;
   with_stores(c, call::reduce_scatter, n * P * sizeof(T), [&](bool streamed) {
@@ -473,7 +489,7 @@ template <arena_transport C, element T> void allgather(C& c, const T* in, T* out
     const auto x = open_single_copy(c, e, sig, name, in, out);
     for (int q = 0; q < p; ++q)
       if (q != r) fetch(c, x[q], q, out + static_cast<std::size_t>(q) * n, x[q].in, n, name);
-    return close_single_copy(c, e, name);
+    return close_single_copy(c, x.get(), e, name);
   }
   with_stores(c, call::allgather, n * static_cast<std::size_t>(p) * sizeof(T), [&](bool streamed) {
     for (std::size_t k = 0; k < n; k += cap) {

@@ -88,6 +88,13 @@ inline std::uint64_t probe_address() noexcept {
   return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(&probe_word));
 }
 
+/// True if process `pid` is gone (exited, killed, or a zombie: its memory
+/// is released): a read of the byte it exposed at `addr` finds no process.
+inline bool gone(int pid, std::uint64_t addr) noexcept {
+  std::byte b;
+  return read(pid, &b, reinterpret_cast<const void*>(static_cast<std::uintptr_t>(addr)), 1) == ESRCH;
+}
+
 /// Readable text of a read() failure.
 inline std::string describe(int err) {
   return std::string("process_vm_readv: ") + std::error_code(err, std::system_category()).message();
