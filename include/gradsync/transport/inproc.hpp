@@ -8,7 +8,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -22,13 +21,8 @@
 #include <thread>
 #include <vector>
 
-#if defined(__linux__)
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
-
 #include "../core/error.hpp"
+#include "../core/futex.hpp"
 #include "../core/policy.hpp"
 #include "transport.hpp"
 
@@ -61,38 +55,23 @@ struct mailbox {
   std::deque<posted> recvs; // unmatched receives posted by this rank
 };
 
-// Blocking with a deadline needs the futex directly: std::atomic::wait has no
-// timeout, and mixing it with raw futex calls could lose wake-ups.
+// Blocking with a deadline needs the futex directly (core/futex.hpp).
 inline void complete(op_state& s, std::string err = {}) {
   s.error = std::move(err);
   s.done.store(1); // seq_cst pairs with the waiter's store to `sleeping`
-#if defined(__linux__)
-  if (s.sleeping.load())
-    syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&s.done), FUTEX_WAKE_PRIVATE, INT_MAX,
-            nullptr, nullptr, 0);
-#else
-  s.done.notify_all();
-#endif
+  if (s.sleeping.load()) gradsync::detail::futex_wake(s.done, gradsync::detail::futex_scope::process_private);
 }
 
 // Sleeps until `done` is set or `until` passes; returns whether it was set.
 inline bool block_until(op_state& s, std::chrono::steady_clock::time_point until) {
-#if defined(__linux__)
   s.sleeping.store(1);
   while (s.done.load() == 0) {
     const auto left = until - std::chrono::steady_clock::now();
     if (left <= std::chrono::nanoseconds::zero()) return false;
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
-    timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
-    syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&s.done), FUTEX_WAIT_PRIVATE, 0u, &ts,
-            nullptr, 0);
+    gradsync::detail::futex_wait(s.done, 0, std::chrono::duration_cast<std::chrono::nanoseconds>(left),
+                                 gradsync::detail::futex_scope::process_private);
   }
   return true;
-#else
-  (void)until;
-  while (s.done.load() == 0) s.done.wait(0);
-  return true;
-#endif
 }
 
 } // namespace detail

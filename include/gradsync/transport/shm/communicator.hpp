@@ -1,0 +1,299 @@
+// gradsync: the shared-memory transport. Ranks are processes of one node that
+// map one POSIX shared-memory segment; no MPI needed.
+//
+// Every ordered pair of ranks (i -> j, including i -> i) owns a single-producer
+// single-consumer byte ring in the segment: a `tail` written only by i and a
+// `head` written only by j, each on its own cache line, published with
+// release stores and read with acquire loads. Everything travels as 64-byte
+// aligned frames: a header cell (kind, tag, sequence number, sizes, up to
+// 32 bytes of inline payload) optionally followed by payload. A small message
+// is one cell; a large one is cut into frames of at most
+// policy::shm_frame_bytes, so the receiver copies frame k out while the sender
+// copies frame k+1 in (two copies, pipelined, through a ring that stays in
+// cache). Receivers acknowledge each message when they match it (or reject it
+// on a size mismatch) with a control frame on the reverse ring, so a send
+// completes once its bytes are in the ring and the receive was matched, which
+// is what gives both sides the size-mismatch error.
+//
+// Matching is per (peer, tag) in order. A message that arrives before its
+// receive is posted is drained into a private buffer (so one unposted tag can
+// never block another behind it) and handed over, or redirected mid-stream,
+// when the receive is posted.
+//
+// Waiting spins briefly, then yields, then sleeps on a futex in the segment
+// (the producer wakes a sleeping consumer), so oversubscribed runs progress.
+// While waiting, a rank checks that its peers are alive (kill(pid, 0) and the
+// zombie state): a rank that died fails every other rank's pending operations
+// with an error naming it instead of hanging them.
+//
+// The segment is created 0600 under an unpredictable name and unlinked as soon
+// as every rank has attached, so nothing is left in /dev/shm once setup is
+// over, whatever happens afterwards.
+//
+// A communicator is used by one thread at a time (progress is made by whoever
+// calls isend/irecv/wait/test).
+#pragma once
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <utility>
+
+#include "../../core/error.hpp"
+#include "../../core/policy.hpp"
+#include "../../core/process.hpp"
+#include "../../core/timed_choice.hpp"
+#include "../transport.hpp"
+#include "arena.hpp"
+#include "engine.hpp"
+#include "segment.hpp"
+
+namespace gradsync::shm {
+
+/// Completion handle of a shared-memory send or receive.
+class request {
+public:
+  request() = default;
+  request(std::shared_ptr<detail::engine> e, detail::op_ptr s) : e_(std::move(e)), s_(std::move(s)) {}
+  request(request&& o) noexcept : e_(std::move(o.e_)), s_(std::move(o.s_)) {}
+  request& operator=(request&& o) noexcept {
+    if (this != &o) {
+      abandon();
+      e_ = std::move(o.e_);
+      s_ = std::move(o.s_);
+    }
+    return *this;
+  }
+  request(const request&) = delete;
+  request& operator=(const request&) = delete;
+  /// An abandoned request is withdrawn: its buffer is never touched again.
+  ~request() { abandon(); }
+
+  /// True once complete; throws gradsync::error if the operation failed.
+  bool test() {
+    if (!s_) return true;
+    if (!s_->done) e_->progress();
+    if (!s_->done) return false;
+    finish();
+    return true;
+  }
+  /// Blocks until complete; throws gradsync::error if the operation failed,
+  /// its peer died or left, or it was not matched within the timeout.
+  void wait() {
+    if (!s_) return;
+    e_->wait(*s_);
+    finish();
+  }
+
+private:
+  void abandon() noexcept {
+    if (s_ && !s_->done) e_->abandon(s_);
+    s_.reset();
+    e_.reset();
+  }
+  void finish() {
+    auto s = std::move(s_);
+    auto e = std::move(e_);
+    if (!s->error.empty())
+      throw error(s->is_send ? "shm.send" : "shm.recv", e->rank(), s->peer, s->error);
+  }
+  std::shared_ptr<detail::engine> e_;
+  detail::op_ptr s_;
+};
+
+/// One rank's endpoint of a shared-memory group.
+class communicator {
+public:
+  static constexpr std::string_view name = "shm";
+
+  /// Joins the group of `size` ranks that rendezvous in directory `dir` (which
+  /// every rank can reach; one group per directory at a time). Rank 0 creates
+  /// the segment and publishes its name in `dir` atomically; the others wait
+  /// for it (up to policy::shm_attach_timeout) and attach.
+  communicator(const std::filesystem::path& dir, int rank, int size) {
+    check_args(rank, size);
+    const int stores = stores_setting(rank);
+    std::error_code ec;
+    GRADSYNC_REQUIRE(std::filesystem::is_directory(dir, ec), "shm.communicator", rank,
+            "rendezvous directory " + dir.string() + " does not exist");
+    const auto file = dir / "gradsync-shm.rendezvous";
+    auto cleanup = [file] {
+      std::error_code ec;
+      std::filesystem::remove(file, ec);
+    };
+    auto seg = std::make_unique<detail::segment>();
+    if (rank == 0) {
+      cleanup(); // a stale file of a crashed run
+      seg->create(size, detail::ring_bytes_for(size), policy::shm_arena_bytes);
+      const auto tmp = dir / (".gradsync-shm." + seg->name().substr(10) + ".tmp");
+      {
+        std::ofstream f(tmp, std::ios::trunc);
+        f << seg->name() << ' ' << size << ' ' << ::getpid() << '\n';
+        f.close();
+        if (!f) {
+          ::shm_unlink(seg->name().c_str());
+          throw error("shm.communicator", rank, -1, "cannot write rendezvous file in " + dir.string());
+        }
+      }
+      std::filesystem::rename(tmp, file, ec); // atomic publication
+      if (ec) {
+        ::shm_unlink(seg->name().c_str());
+        std::filesystem::remove(tmp, ec);
+        throw error("shm.communicator", rank, -1, "cannot publish rendezvous file " + file.string());
+      }
+    } else {
+      attach_from_file(*seg, file, rank, size);
+    }
+    detail::join(*seg, rank, size, cleanup);
+    start(std::move(seg), rank, size, stores);
+  }
+
+  /// Joins a group bootstrapped by any out-of-band channel: `share(name)` is
+  /// called on every rank; rank 0 passes the segment name it created and every
+  /// other rank receives it as the return value (e.g. an MPI broadcast).
+  communicator(int rank, int size, const std::function<std::string(const std::string&)>& share) {
+    check_args(rank, size);
+    const int stores = stores_setting(rank);
+    auto seg = std::make_unique<detail::segment>();
+    if (rank == 0) {
+      try {
+        seg->create(size, detail::ring_bytes_for(size), policy::shm_arena_bytes);
+      } catch (...) {
+        try { // an empty name tells the other ranks to fail instead of waiting
+          share(std::string());
+        } catch (...) {
+        }
+        throw;
+      }
+      try {
+        share(seg->name());
+      } catch (...) {
+        ::shm_unlink(seg->name().c_str());
+        throw;
+      }
+    } else {
+      const std::string nm = share(std::string());
+      const std::string why = seg->attach(nm, size, rank);
+      GRADSYNC_REQUIRE(why.empty(), "shm.communicator", rank, "cannot attach: " + why);
+    }
+    detail::join(*seg, rank, size, nullptr);
+    start(std::move(seg), rank, size, stores);
+  }
+
+  communicator(communicator&&) noexcept = default;
+  communicator& operator=(communicator&&) noexcept = default;
+
+  int rank() const noexcept { return e_->rank(); }
+  int size() const noexcept { return e_->size(); }
+  /// How long a wait blocks for its peer before failing (default
+  /// policy::default_timeout). Dead peers are detected much sooner.
+  void set_timeout(std::chrono::milliseconds t) noexcept { e_->timeout = t; }
+  std::chrono::milliseconds timeout() const noexcept { return e_->timeout; }
+  /// Name the segment had in /dev/shm (unlinked once every rank attached).
+  const std::string& segment_name() const noexcept { return e_->segment_name(); }
+
+  /// Posts a send of `data` to `peer`; complete once the bytes are in shared
+  /// memory and the receiver has matched it.
+  request isend(std::span<const std::byte> data, int peer, int tag) {
+    return request(e_, e_->post_send(data.data(), data.size(), peer, tag));
+  }
+  /// Posts a receive of exactly `data.size()` bytes from `peer`.
+  request irecv(std::span<std::byte> data, int peer, int tag) {
+    return request(e_, e_->post_recv(data.data(), data.size(), peer, tag));
+  }
+
+  /// Fails every pending and future operation of every rank of the group
+  /// with `reason` (e.g. after ranks disagreed on a collective call).
+  void abort(const std::string& reason) { e_->abort(reason); }
+
+  // ---- collective arena: the low-level interface of algo/shm_direct.hpp ----
+  // Each rank owns arena_bytes() of shared staging that only it writes, and
+  // monotonic counters it publishes (release) and every rank reads (acquire);
+  // collectives built on them read peers' data in place.
+
+  /// Rank `q`'s staging (arena_bytes() bytes, page aligned).
+  std::byte* arena(int q) const { return arena_.base(q); }
+  std::size_t arena_bytes() const noexcept { return arena_.bytes(); }
+  /// Publishes this rank's counter `k` (< 4) as `v` and wakes sleeping peers.
+  void arena_post(int k, std::uint64_t v) { arena_.post(k, v); }
+  /// Blocks until counter `k` of every rank reaches `v` (with the same dead
+  /// peer detection and timeout as a receive); throws naming `op`.
+  void arena_await(int k, std::uint64_t v, const char* op) { arena_.await(k, v, op); }
+  /// Copies `n` bytes from private memory into this rank's arena (streaming
+  /// stores: the fast way into lines peers have read).
+  static void arena_copy(std::byte* dst, const std::byte* src, std::size_t n) {
+    detail::collective_arena::copy(dst, src, n);
+  }
+  /// Whether arena writes use arena_copy (0) or ordinary stores (1), per
+  /// kind of call: measured as calls run (core/timed_choice.hpp), or fixed
+  /// by GRADSYNC_SHM_STORES=stream|plain when the communicator is created.
+  gradsync::detail::timed_choice& arena_stores() noexcept { return arena_.stores(); }
+  /// Rank `q`'s description of the call using arena half `h` (0 or 1).
+  std::atomic<std::uint64_t>& arena_signature(int q, int h) const { return arena_.signature(q, h); }
+  /// Arena rounds this rank has run (the same on every rank between calls).
+  std::uint64_t& arena_epoch() noexcept { return arena_.epoch(); }
+
+private:
+  // GRADSYNC_SHM_STORES: auto (default), stream or plain; checked before the
+  // group forms, so a bad value fails every rank alike instead of one.
+  static int stores_setting(int rank) {
+    const char* v = std::getenv("GRADSYNC_SHM_STORES");
+    return gradsync::detail::timed_choice::parse(v ? v : "", "stream", "plain", "shm.communicator", rank,
+                                                 "GRADSYNC_SHM_STORES");
+  }
+
+  static void check_args(int rank, int size) {
+    GRADSYNC_REQUIRE(size >= 1, "shm.communicator", rank, "rank count must be >= 1, got " + std::to_string(size));
+    GRADSYNC_REQUIRE(rank >= 0 && rank < size, "shm.communicator", rank,
+            "rank out of range [0, " + std::to_string(size) + ")");
+  }
+
+  static void attach_from_file(detail::segment& seg, const std::filesystem::path& file, int rank, int size) {
+    const auto deadline = std::chrono::steady_clock::now() + policy::shm_attach_timeout;
+    std::string why = "no rendezvous file " + file.string() + " (is rank 0 running?)";
+    for (;;) {
+      std::ifstream f(file);
+      std::string nm;
+      int n = 0, pid = 0;
+      if (f >> nm >> n >> pid) {
+        // A file of a crashed run names a dead creator or a vanished segment.
+        if (n != size) why = "rendezvous file names a group of " + std::to_string(n) + " ranks, not " + std::to_string(size);
+        else if (!gradsync::detail::process_alive(pid)) why = "rendezvous file is stale (creator pid " + std::to_string(pid) + " is gone)";
+        else if (auto w = seg.attach(nm, size, rank); !w.empty()) why = w;
+        else if (seg.hdr().creator_pid != pid) {
+          why = "rendezvous file and segment disagree on the creator";
+          seg.release();
+        } else return;
+      }
+      if (std::chrono::steady_clock::now() > deadline)
+        throw error("shm.communicator", rank, -1,
+                    "rendezvous in " + file.parent_path().string() + " failed: " + why);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
+  void start(std::unique_ptr<detail::segment> seg, int rank, int size, int stores) {
+    e_ = std::make_shared<detail::engine>(std::move(seg), rank, size);
+    arena_ = detail::collective_arena(e_, stores);
+  }
+
+  std::shared_ptr<detail::engine> e_;
+  detail::collective_arena arena_;
+};
+
+static_assert(transport<communicator>);
+
+} // namespace gradsync::shm
