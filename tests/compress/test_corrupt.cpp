@@ -14,7 +14,7 @@ namespace cz = gradsync::compress;
 namespace {
 
 // fp16 with a defect injected into decoding.
-enum class defect { none, writes_first, ignores_trailing };
+enum class defect { none, writes_first, ignores_trailing, wrong_kind };
 
 template <defect D> struct faulty {
   using value_type = float;
@@ -30,11 +30,21 @@ template <defect D> struct faulty {
   }
   void decode(std::span<const std::byte> p, std::span<float> out) const {
     if constexpr (D == defect::writes_first) std::fill(out.begin(), out.end(), 0.0f);
-    real.decode(trim(p, out.size()), out);
+    relabel([&] { real.decode(trim(p, out.size()), out); });
   }
   void decode_accumulate(std::span<const std::byte> p, std::span<float> acc) const {
     if constexpr (D == defect::writes_first) std::fill(acc.begin(), acc.end(), 0.0f);
-    real.decode_accumulate(trim(p, acc.size()), acc);
+    relabel([&] { real.decode_accumulate(trim(p, acc.size()), acc); });
+  }
+  // wrong_kind: rejects the same payloads, but as bad arguments.
+  template <class F> static void relabel(F f) {
+    try {
+      f();
+    } catch (const gradsync::error& e) {
+      if constexpr (D == defect::wrong_kind)
+        throw gradsync::error(e.op(), e.rank(), e.peer(), e.reason(), gradsync::errc::invalid_argument);
+      throw;
+    }
   }
   static std::span<const std::byte> trim(std::span<const std::byte> p, std::size_t n) {
     if constexpr (D == defect::ignores_trailing) // accepts (and drops) extra bytes
@@ -62,4 +72,32 @@ TEST_CASE("harness: catches a decoder that writes before validating" * doctest::
 }
 TEST_CASE("harness: catches a decoder that accepts trailing bytes" * doctest::should_fail()) {
   corrupt::check_decoder(faulty<defect::ignores_trailing>{}, payload(), quick);
+}
+TEST_CASE("harness: catches a decoder that rejects with a kind other than corrupt_payload" *
+          doctest::should_fail()) {
+  corrupt::check_decoder(faulty<defect::wrong_kind>{}, payload(), quick);
+}
+
+TEST_CASE("decode rejections are corrupt_payload; encode's bad arguments invalid_argument") {
+  cz::fp16<float> c;
+  auto p = payload();
+  p[40] ^= std::byte{1}; // the checksum no longer matches
+  std::vector<float> out(40);
+  try {
+    c.decode(p, std::span(out));
+    FAIL("accepted a corrupted payload");
+  } catch (const gradsync::error& e) {
+    CHECK(e.kind() == gradsync::errc::corrupt_payload);
+    CHECK(e.op() == "decode.fp16");
+  }
+  std::vector<float> x(40, 0.5f);
+  std::vector<std::byte> small(8);
+  cz::no_state st;
+  try {
+    (void)c.encode(std::span<const float>(x), st, {}, small);
+    FAIL("encoded into 8 bytes");
+  } catch (const gradsync::error& e) {
+    CHECK(e.kind() == gradsync::errc::invalid_argument);
+    CHECK(e.op() == "encode.fp16");
+  }
 }

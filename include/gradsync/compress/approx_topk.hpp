@@ -183,12 +183,12 @@ private:
     wire::param_reader r(v.params);
     const double d = r.get<double>();
     const std::uint64_t e = r.get<std::uint64_t>();
-    wire::check(d >= 0.0 && d <= 1.0, decode_op,
-                "requested density " + std::to_string(d) + " is outside [0, 1]");
+    wire::check_payload(d >= 0.0 && d <= 1.0, decode_op,
+                        "requested density " + std::to_string(d) + " is outside [0, 1]");
     const double limit = std::ceil(d * static_cast<double>(v.h.count));
-    wire::check(static_cast<double>(e) <= limit, decode_op,
-                std::to_string(e) + " entries exceed the density target " +
-                    std::to_string(limit));
+    wire::check_payload(static_cast<double>(e) <= limit, decode_op,
+                        std::to_string(e) + " entries exceed the density target " +
+                            std::to_string(limit));
   }
 };
 

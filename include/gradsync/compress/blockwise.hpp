@@ -63,10 +63,11 @@ GRADSYNC_HD inline float round_even(float v) {
 }
 
 /// Checks the (arg, bits) of a rule that has no argument and a fixed width.
+/// (Read from a payload: a mismatch is errc::corrupt_payload.)
 inline void expect_fixed(std::uint16_t arg, std::uint8_t bits, unsigned want, const char* op) {
-  if (arg != 0) wire::fail(op, "parameter arg is " + std::to_string(arg) + ", must be 0");
+  if (arg != 0) wire::corrupt(op, "parameter arg is " + std::to_string(arg) + ", must be 0");
   if (bits != want)
-    wire::fail(op, "code width " + std::to_string(bits) + " bits, expected " + std::to_string(want));
+    wire::corrupt(op, "code width " + std::to_string(bits) + " bits, expected " + std::to_string(want));
 }
 
 /// Reads code i of width Bits (1, 2, 4, 8) from a packed little-endian stream.
@@ -193,10 +194,12 @@ float block_scale(const T* x, std::size_t len,
   }
 }
 
-inline void check_block(std::uint64_t block, const char* op) {
+/// Rejects a block size out of range: the encoder's argument
+/// (errc::invalid_argument) or a payload's field (errc::corrupt_payload).
+inline void check_block(std::uint64_t block, const char* op, errc kind) {
   if (block < 1 || block > max_block)
     wire::fail(op, "block size " + std::to_string(block) + " out of range [1, " +
-                       std::to_string(max_block) + "]");
+                       std::to_string(max_block) + "]", kind);
 }
 
 /// Packs 8 codes of B bits (one per byte of `c`) into B bytes and stores the
@@ -283,7 +286,7 @@ std::size_t blockwise_encode(const Rule& rule, std::uint32_t block, std::span<co
                              const philox_stream* noise, std::span<std::byte> ws,
                              std::span<std::byte> out, const char* op,
                              gradsync::detail::host_isa isa = gradsync::detail::best_host_isa()) {
-  check_block(block, op);
+  check_block(block, op, errc::invalid_argument);
   rule.validate(op);
   const unsigned bits = rule.bits();
   const std::size_t n = in.size();
@@ -352,8 +355,8 @@ void blockwise_decode(std::span<const std::byte> payload, std::size_t n, Sink si
   const auto arg = pr.get<std::uint16_t>();
   const auto bits = pr.get<std::uint8_t>();
   const auto zero = pr.get<std::uint8_t>();
-  check_block(block, op);
-  if (zero != 0) wire::fail(op, "reserved parameter byte is " + std::to_string(zero) + ", not 0");
+  check_block(block, op, errc::corrupt_payload);
+  if (zero != 0) wire::corrupt(op, "reserved parameter byte is " + std::to_string(zero) + ", not 0");
   const Rule rule = Rule::from_wire(arg, bits, op);
   wire::check_count(v, n, op);
   const std::size_t nb = (n + block - 1) / block;
@@ -371,7 +374,7 @@ void blockwise_decode(std::span<const std::byte> payload, std::size_t n, Sink si
       const float s = wire::load<float>(scales + 4 * b);
       const bool nan = s != s;
       if (!nan && !(s >= 0.0f && finite(s)))
-        wire::fail(op, "block " + std::to_string(b) + " has an invalid scale " + std::to_string(s));
+        wire::corrupt(op, "block " + std::to_string(b) + " has an invalid scale " + std::to_string(s));
       const std::size_t lo = b * block, hi = std::min<std::size_t>(n, lo + block);
       for (std::size_t i0 = lo; i0 < hi; i0 += chunk) {
         const std::size_t len = std::min(chunk, hi - i0);
@@ -381,14 +384,14 @@ void blockwise_decode(std::span<const std::byte> payload, std::size_t n, Sink si
         if (!ok)
           for (std::size_t j = 0; j < len; ++j) // find the culprit for the message
             if (!rule.valid(c[j]) || (nan && c[j] != 0))
-              wire::fail(op, "element " + std::to_string(i0 + j) + " has invalid code " + std::to_string(c[j]) +
+              wire::corrupt(op, "element " + std::to_string(i0 + j) + " has invalid code " + std::to_string(c[j]) +
                                  (nan ? " in a poisoned (NaN-scale) block" : ""));
       }
     }
     if (const std::size_t used = n * B; used % 8 != 0) {
       const auto last = static_cast<std::uint32_t>(codes[used / 8]);
       if ((last >> (used % 8)) != 0)
-        wire::fail(op, "padding bits of the last code byte are not zero");
+        wire::corrupt(op, "padding bits of the last code byte are not zero");
     }
     for (std::size_t b = 0; b < nb; ++b) {
       const float s = wire::load<float>(scales + 4 * b);

@@ -16,13 +16,15 @@
 // - encode(input, state, workspace, output) -> bytes written. Requires
 //   workspace.size() >= workspace_bytes(n) and output.size() >=
 //   max_encoded_bytes(n), n = input.size(); otherwise gradsync::error
-//   ("encode.<name>"). The payload is a wire-format message (wire.hpp).
+//   ("encode.<name>", errc::invalid_argument). The payload is a wire-format message (wire.hpp).
 //   Stochastic codecs draw Philox noise keyed by (seed, step, rank, index)
 //   from their state and advance state.step by one per call.
 // - decode(payload, output) and decode_accumulate(payload, accumulator) need no
 //   state. They validate the whole payload (header, checksum, parameters,
 //   count == output.size(), body length and content) before writing anything,
-//   and throw gradsync::error ("decode.<name>", rank -1) on any defect.
+//   and throw gradsync::error ("decode.<name>", rank -1, kind
+//   errc::corrupt_payload) on any defect of the payload; the caller's own
+//   buffers (a workspace too small) are errc::invalid_argument.
 //   decode writes narrow<T>(value); decode_accumulate adds the value into an
 //   accum_t<T> accumulator (float for half/bfloat16), as a reduction step needs.
 // - Per-element math lives in GRADSYNC_HD inline functions in each codec's
@@ -188,8 +190,8 @@ std::vector<typename C::value_type> decode_to_vector(const C& c,
                                                      std::span<const std::byte> payload) {
   using T = typename C::value_type;
   const std::uint64_t n = wire::count_of(payload);
-  wire::check(n <= std::vector<T>().max_size(), "decode.header",
-              "element count " + std::to_string(n) + " exceeds what a vector can hold");
+  wire::check_payload(n <= std::vector<T>().max_size(), "decode.header",
+                      "element count " + std::to_string(n) + " exceeds what a vector can hold");
   std::vector<typename C::value_type> out(static_cast<std::size_t>(n));
   c.decode(payload, std::span(out));
   return out;

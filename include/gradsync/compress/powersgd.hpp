@@ -261,7 +261,7 @@ template <float_element T> struct powersgd {
   std::size_t encode(std::span<const T> in, state& st, std::span<std::byte> ws,
                      std::span<std::byte> out) const {
     wire::check(rank >= 1, encode_op, "rank must be at least 1");
-    wire::check(in.size() == wire::checked_mad(rows, cols, 0, encode_op), encode_op,
+    wire::check(in.size() == wire::checked_mad(rows, cols, 0, encode_op, errc::invalid_argument), encode_op,
                 "input holds " + std::to_string(in.size()) + " elements, the matrix is " +
                     std::to_string(rows) + " x " + std::to_string(cols));
     check_encode_buffers(encode_op, out.size(), max_encoded_bytes(in.size()), ws.size(),
@@ -324,12 +324,12 @@ private:
     const auto cols = rd.get<std::uint64_t>();
     const std::uint64_t r = rd.get<std::uint32_t>();
     const auto flags = rd.get<std::uint32_t>();
-    wire::check(wire::checked_mad(rows, cols, 0, decode_op) == v.h.count, decode_op,
-                "matrix " + std::to_string(rows) + " x " + std::to_string(cols) +
-                    " does not hold the " + std::to_string(v.h.count) + " elements");
-    wire::check(r == std::min(rows, cols) || (r >= 1 && r < std::min(rows, cols)), decode_op,
-                "rank " + std::to_string(r) + " is not in [1, min(rows, cols)]");
-    wire::check(flags <= 1u, decode_op, "unknown flags " + std::to_string(flags));
+    wire::check_payload(wire::checked_mad(rows, cols, 0, decode_op) == v.h.count, decode_op,
+                        "matrix " + std::to_string(rows) + " x " + std::to_string(cols) +
+                            " does not hold the " + std::to_string(v.h.count) + " elements");
+    wire::check_payload(r == std::min(rows, cols) || (r >= 1 && r < std::min(rows, cols)), decode_op,
+                        "rank " + std::to_string(r) + " is not in [1, min(rows, cols)]");
+    wire::check_payload(flags <= 1u, decode_op, "unknown flags " + std::to_string(flags));
     const std::uint64_t factors = wire::checked_mad(rows + cols, r, 0, decode_op);
     wire::check_body(v, wire::checked_mad(factors, sizeof(float), 0, decode_op), decode_op);
     const bool poisoned = flags == 1u;
@@ -337,9 +337,9 @@ private:
       const auto f = wire::load<float>(v.body.data() + sizeof(float) * x);
       if (poisoned ? wire::load<std::uint32_t>(v.body.data() + sizeof(float) * x) != 0
                    : !finite(f))
-        wire::fail(decode_op, "factor entry " + std::to_string(x) +
-                                  (poisoned ? " is nonzero in a poisoned payload"
-                                            : " is not finite in an unpoisoned payload"));
+        wire::corrupt(decode_op, "factor entry " + std::to_string(x) +
+                                     (poisoned ? " is nonzero in a poisoned payload"
+                                               : " is not finite in an unpoisoned payload"));
     }
     if (poisoned) {
       for (std::size_t i = 0; i < out_count; ++i) sink(i, std::numeric_limits<float>::quiet_NaN());

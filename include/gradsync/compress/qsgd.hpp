@@ -53,16 +53,17 @@ struct qsgd_rule {
 
   unsigned bits() const { return qsgd_bits(levels); }
   std::uint16_t arg() const { return levels; }
-  void validate(const char* op) const {
+  /// `kind`: errc::corrupt_payload when the levels were read from a payload.
+  void validate(const char* op, errc kind = errc::invalid_argument) const {
     wire::check(levels >= 1 && levels <= 127, op,
-                "levels " + std::to_string(levels) + " out of range [1, 127]");
+                "levels " + std::to_string(levels) + " out of range [1, 127]", kind);
   }
   static qsgd_rule from_wire(std::uint16_t arg, std::uint8_t bits, const char* op) {
     const qsgd_rule r{arg};
-    r.validate(op);
-    wire::check(bits == r.bits(), op,
-                "code width " + std::to_string(bits) + " bits, " + std::to_string(arg) +
-                    " levels use " + std::to_string(r.bits()));
+    r.validate(op, errc::corrupt_payload);
+    wire::check_payload(bits == r.bits(), op,
+                        "code width " + std::to_string(bits) + " bits, " + std::to_string(arg) +
+                            " levels use " + std::to_string(r.bits()));
     return r;
   }
   GRADSYNC_HD std::uint32_t code(float r, float u) const { return qsgd_code(r, u, levels); }

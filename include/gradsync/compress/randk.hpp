@@ -195,19 +195,19 @@ private:
     const auto key = r.get<std::uint32_t>();
     const auto flags = r.get<std::uint32_t>();
     const auto pad = r.get<std::uint32_t>();
-    wire::check(e <= v.h.count, decode_op,
-                std::to_string(e) + " entries for " + std::to_string(v.h.count) + " elements");
-    wire::check(flags <= (flag_poisoned | flag_unscaled) && pad == 0, decode_op,
-                "unknown flags or nonzero padding");
+    wire::check_payload(e <= v.h.count, decode_op,
+                        std::to_string(e) + " entries for " + std::to_string(v.h.count) + " elements");
+    wire::check_payload(flags <= (flag_poisoned | flag_unscaled) && pad == 0, decode_op,
+                        "unknown flags or nonzero padding");
     wire::check_body(v, wire::checked_mad(e, sizeof(T), 0, decode_op), decode_op);
     const bool poisoned = (flags & flag_poisoned) != 0;
     const std::byte* body = v.body.data();
     for (std::size_t j = 0; j < e; ++j) {
       const T x = wire::load<T>(body + sizeof(T) * j);
       if (poisoned ? !is_zero(x) : !finite(to_float(x)))
-        wire::fail(decode_op, "entry " + std::to_string(j) +
-                                  (poisoned ? " is nonzero in a poisoned payload"
-                                            : " is not finite in an unpoisoned payload"));
+        wire::corrupt(decode_op, "entry " + std::to_string(j) +
+                                     (poisoned ? " is nonzero in a poisoned payload"
+                                               : " is not finite in an unpoisoned payload"));
     }
     if (zero != nullptr)
       for (std::size_t i = 0; i < out_count; ++i) zero[i] = T(0.0f);

@@ -167,20 +167,20 @@ void select_top(std::size_t count, std::size_t k, KeyFn key, std::span<std::size
 template <float_element T>
 void validate(std::span<const std::byte> body, std::uint64_t k, std::uint64_t count,
               const char* op) {
-  wire::check(k <= count, op,
-              "payload announces " + std::to_string(k) + " entries for " +
-                  std::to_string(count) + " elements");
+  wire::check_payload(k <= count, op,
+                      "payload announces " + std::to_string(k) + " entries for " +
+                          std::to_string(count) + " elements");
   const std::uint64_t need = wire::checked_mad(k, sizeof(std::uint32_t) + sizeof(T), 0, op);
-  wire::check(body.size() == need, op,
-              "body is " + std::to_string(body.size()) + " bytes, " + std::to_string(k) +
-                  " entries need " + std::to_string(need));
+  wire::check_payload(body.size() == need, op,
+                      "body is " + std::to_string(body.size()) + " bytes, " + std::to_string(k) +
+                          " entries need " + std::to_string(need));
   std::uint64_t next = 0; // smallest index the next entry may carry
   for (std::size_t j = 0; j < k; ++j) {
     const std::uint64_t i = wire::load<std::uint32_t>(body.data() + 4 * j);
     if (i < next || i >= count)
-      wire::fail(op, "entry " + std::to_string(j) + " has index " + std::to_string(i) +
-                         (i >= count ? ", outside the " + std::to_string(count) + " elements"
-                                     : ", not above the previous index"));
+      wire::corrupt(op, "entry " + std::to_string(j) + " has index " + std::to_string(i) +
+                            (i >= count ? ", outside the " + std::to_string(count) + " elements"
+                                        : ", not above the previous index"));
     next = i + 1;
   }
 }

@@ -92,13 +92,13 @@ private:
     const float t = r.get<float>();
     const std::uint32_t pad = r.get<std::uint32_t>();
     const std::uint64_t e = r.get<std::uint64_t>();
-    wire::check(valid_tau(t), decode_op, "tau " + std::to_string(t) + " is not finite and >= 0");
-    wire::check(pad == 0, decode_op, "nonzero padding in the parameter block");
+    wire::check_payload(valid_tau(t), decode_op, "tau " + std::to_string(t) + " is not finite and >= 0");
+    wire::check_payload(pad == 0, decode_op, "nonzero padding in the parameter block");
     sparse::validate<T>(v.body, e, v.h.count, decode_op);
     const std::byte* vals = v.body.data() + 4 * e;
     for (std::size_t j = 0; j < e; ++j)
-      wire::check(threshold_keeps(wire::load<T>(vals + sizeof(T) * j), t), decode_op,
-                  "entry " + std::to_string(j) + " has a magnitude below tau");
+      wire::check_payload(threshold_keeps(wire::load<T>(vals + sizeof(T) * j), t), decode_op,
+                          "entry " + std::to_string(j) + " has a magnitude below tau");
   }
 };
 

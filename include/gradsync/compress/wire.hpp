@@ -27,7 +27,11 @@
 //
 // Decoders call open(): it checks size, magic, version, codec, dtype, the
 // parameter length and the checksum, and throws gradsync::error (op such as
-// "decode.int8", rank -1) before anything is written. Each codec then checks
+// "decode.int8", rank -1, kind errc::corrupt_payload) before anything is
+// written. Every rejection of a payload's content is errc::corrupt_payload,
+// including an intact payload of another codec, dtype or element count than
+// the decoder was given; bad arguments of the caller (encode parameters, a
+// workspace too small) are errc::invalid_argument. Each codec then checks
 // its parameters, the count against the output, the exact body length for
 // that count, and the body content, still before writing. See docs/wire-format.md.
 #pragma once
@@ -172,20 +176,35 @@ inline void seal(std::span<std::byte> p) {
   store<std::uint64_t>(p.data() + checksum_offset, checksum(p));
 }
 
-/// Throws the codec error for `op` (e.g. "decode.int8"); codecs run on no rank.
-[[noreturn]] inline void fail(const char* op, const std::string& reason) {
-  throw error(op, -1, -1, reason);
+/// Throws the codec error for `op` (e.g. "encode.int8"); codecs run on no
+/// rank. `kind`: invalid_argument for the caller's arguments, corrupt_payload
+/// (see corrupt()) for a payload that fails validation.
+[[noreturn]] inline void fail(const char* op, const std::string& reason,
+                              errc kind = errc::invalid_argument) {
+  throw error(op, -1, -1, reason, kind);
 }
-inline void check(bool cond, const char* op, const std::string& reason) {
-  if (!cond) fail(op, reason);
+/// fail() unless `cond` holds.
+inline void check(bool cond, const char* op, const std::string& reason,
+                  errc kind = errc::invalid_argument) {
+  if (!cond) fail(op, reason, kind);
+}
+/// Rejects a payload (e.g. op "decode.int8"): errc::corrupt_payload.
+[[noreturn]] inline void corrupt(const char* op, const std::string& reason) {
+  fail(op, reason, errc::corrupt_payload);
+}
+/// corrupt() unless `cond` holds: every check of a payload's content.
+inline void check_payload(bool cond, const char* op, const std::string& reason) {
+  if (!cond) corrupt(op, reason);
 }
 
-/// a * b + c with overflow detection (sizes read from untrusted headers).
+/// a * b + c with overflow detection. Sizes read from untrusted headers fail
+/// as corrupt payloads; an encoder passing its caller's sizes says
+/// errc::invalid_argument.
 inline std::uint64_t checked_mad(std::uint64_t a, std::uint64_t b, std::uint64_t c,
-                                 const char* op) {
+                                 const char* op, errc kind = errc::corrupt_payload) {
   std::uint64_t r = 0;
   if (__builtin_mul_overflow(a, b, &r) || __builtin_add_overflow(r, c, &r))
-    fail(op, "size computation overflows 64 bits (corrupt count or parameters)");
+    fail(op, "size computation overflows 64 bits (count or parameters too large)", kind);
   return r;
 }
 
@@ -208,32 +227,32 @@ struct view {
 /// Validates everything codec-independent: length, magic, version, known
 /// dtype, parameter length rules, exact total length and checksum.
 inline view open_any(std::span<const std::byte> p, const char* op) {
-  check(p.size() >= header_bytes, op,
-        "payload truncated: " + std::to_string(p.size()) + " bytes, the header alone is " +
-            std::to_string(header_bytes));
-  check(std::memcmp(p.data(), magic, 4) == 0, op, "bad magic (not a gradsync payload)");
+  check_payload(p.size() >= header_bytes, op,
+                "payload truncated: " + std::to_string(p.size()) + " bytes, the header alone is " +
+                    std::to_string(header_bytes));
+  check_payload(std::memcmp(p.data(), magic, 4) == 0, op, "bad magic (not a gradsync payload)");
   const auto version = static_cast<std::uint8_t>(p[4]);
-  check(version == format_version, op,
-        "unsupported format version " + std::to_string(version) + " (this build reads " +
-            std::to_string(format_version) + ")");
+  check_payload(version == format_version, op,
+                "unsupported format version " + std::to_string(version) + " (this build reads " +
+                    std::to_string(format_version) + ")");
   view v;
   v.h.codec = static_cast<codec_id>(p[5]);
   v.h.type = static_cast<dtype>(p[6]);
-  check(dtype_size(v.h.type) != 0, op,
-        "unknown element dtype code " + std::to_string(static_cast<int>(p[6])));
+  check_payload(dtype_size(v.h.type) != 0, op,
+                "unknown element dtype code " + std::to_string(static_cast<int>(p[6])));
   v.h.param_bytes = static_cast<std::uint8_t>(p[7]);
-  check(v.h.param_bytes % 8 == 0 && v.h.param_bytes <= max_param_bytes, op,
-        "parameter block of " + std::to_string(v.h.param_bytes) +
-            " bytes (must be a multiple of 8, at most " + std::to_string(max_param_bytes) + ")");
+  check_payload(v.h.param_bytes % 8 == 0 && v.h.param_bytes <= max_param_bytes, op,
+                "parameter block of " + std::to_string(v.h.param_bytes) +
+                    " bytes (must be a multiple of 8, at most " + std::to_string(max_param_bytes) + ")");
   v.h.count = load<std::uint64_t>(p.data() + 8);
   v.h.body_bytes = load<std::uint64_t>(p.data() + 16);
   const std::uint64_t avail = p.size() - header_bytes; // size >= header checked above
-  check(v.h.param_bytes <= avail && v.h.body_bytes == avail - v.h.param_bytes, op,
-        "length mismatch: header announces " + std::to_string(header_bytes) + " + " +
-            std::to_string(v.h.param_bytes) + " + " + std::to_string(v.h.body_bytes) +
-            " bytes, payload has " + std::to_string(p.size()));
-  check(load<std::uint64_t>(p.data() + checksum_offset) == checksum(p), op,
-        "checksum mismatch (payload corrupted in transit)");
+  check_payload(v.h.param_bytes <= avail && v.h.body_bytes == avail - v.h.param_bytes, op,
+                "length mismatch: header announces " + std::to_string(header_bytes) + " + " +
+                    std::to_string(v.h.param_bytes) + " + " + std::to_string(v.h.body_bytes) +
+                    " bytes, payload has " + std::to_string(p.size()));
+  check_payload(load<std::uint64_t>(p.data() + checksum_offset) == checksum(p), op,
+                "checksum mismatch (payload corrupted in transit)");
   v.params = p.subspan(header_bytes, v.h.param_bytes);
   v.body = p.subspan(header_bytes + v.h.param_bytes);
   return v;
@@ -244,31 +263,31 @@ inline view open_any(std::span<const std::byte> p, const char* op) {
 inline view open(std::span<const std::byte> p, codec_id codec, dtype type,
                  std::size_t param_bytes, const char* op) {
   view v = open_any(p, op);
-  check(v.h.codec == codec, op,
-        "codec mismatch: payload is " + std::string(codec_name(v.h.codec)) + " (id " +
-            std::to_string(static_cast<int>(v.h.codec)) + "), decoder is " +
-            std::string(codec_name(codec)));
-  check(v.h.type == type, op,
-        "dtype mismatch: payload was encoded from " + std::string(dtype_name(v.h.type)) +
-            ", decoder element type is " + std::string(dtype_name(type)));
-  check(v.h.param_bytes == param_bytes, op,
-        "parameter block is " + std::to_string(v.h.param_bytes) + " bytes, " +
-            std::string(codec_name(codec)) + " expects " + std::to_string(param_bytes));
+  check_payload(v.h.codec == codec, op,
+                "codec mismatch: payload is " + std::string(codec_name(v.h.codec)) + " (id " +
+                    std::to_string(static_cast<int>(v.h.codec)) + "), decoder is " +
+                    std::string(codec_name(codec)));
+  check_payload(v.h.type == type, op,
+                "dtype mismatch: payload was encoded from " + std::string(dtype_name(v.h.type)) +
+                    ", decoder element type is " + std::string(dtype_name(type)));
+  check_payload(v.h.param_bytes == param_bytes, op,
+                "parameter block is " + std::to_string(v.h.param_bytes) + " bytes, " +
+                    std::string(codec_name(codec)) + " expects " + std::to_string(param_bytes));
   return v;
 }
 
 /// Rejects a decode whose output does not hold exactly the encoded count.
 inline void check_count(const view& v, std::size_t out_count, const char* op) {
-  check(v.h.count == out_count, op,
-        "output holds " + std::to_string(out_count) + " elements, payload carries " +
-            std::to_string(v.h.count));
+  check_payload(v.h.count == out_count, op,
+                "output holds " + std::to_string(out_count) + " elements, payload carries " +
+                    std::to_string(v.h.count));
 }
 
 /// Rejects a body whose length is not exactly what the codec computed.
 inline void check_body(const view& v, std::uint64_t expected, const char* op) {
-  check(v.h.body_bytes == expected, op,
-        "body is " + std::to_string(v.h.body_bytes) + " bytes, " + std::to_string(v.h.count) +
-            " elements with these parameters need " + std::to_string(expected));
+  check_payload(v.h.body_bytes == expected, op,
+                "body is " + std::to_string(v.h.body_bytes) + " bytes, " + std::to_string(v.h.count) +
+                    " elements with these parameters need " + std::to_string(expected));
 }
 
 /// Sequential little-endian reader of a parameter block.

@@ -289,7 +289,7 @@ std::size_t encode(const blockwise<Rule, T>& c, std::span<const T> in,
                    typename blockwise<Rule, T>::state& st, std::span<std::byte> ws,
                    std::span<std::byte> out, cudaStream_t stream) {
   const char* op = Rule::encode_op;
-  compress::detail::check_block(c.block, op);
+  compress::detail::check_block(c.block, op, errc::invalid_argument);
   c.rule.validate(op);
   const std::size_t n = in.size();
   check_encode(op, in.data(), n * sizeof(T), out, c.max_encoded_bytes(n), ws,

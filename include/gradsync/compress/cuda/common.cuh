@@ -42,12 +42,13 @@
 
 namespace gradsync::compress::gpu {
 
-/// Throws gradsync::error(op) naming the failed CUDA call.
+/// Throws gradsync::error(op, errc::internal) naming the failed CUDA call.
 inline void check(cudaError_t e, const char* op, const char* what) {
   if (e != cudaSuccess)
     throw error(op, -1, -1,
                 std::string(what) + " failed: " + cudaGetErrorName(e) + " (" +
-                    cudaGetErrorString(e) + ")");
+                    cudaGetErrorString(e) + ")",
+                errc::internal);
 }
 /// Checks that the kernels just enqueued were launched (not that they ran).
 inline void check_launch(const char* op) { check(cudaGetLastError(), op, "kernel launch"); }
@@ -112,13 +113,14 @@ constexpr std::string_view status_reason(std::uint32_t code) {
   return "unknown status code";
 }
 
-/// Throws gradsync::error(op) unless a device decode's status word (copied to
-/// the host after the stream synchronised) says ok.
+/// Throws gradsync::error(op, errc::corrupt_payload) unless a device decode's
+/// status word (copied to the host after the stream synchronised) says ok.
 inline void throw_if_failed(std::uint32_t code, const char* op) {
   if (code != 0)
     throw error(op, -1, -1,
                 "device decode rejected the payload: " + std::string(status_reason(code)) +
-                    " (status " + std::to_string(code) + ")");
+                    " (status " + std::to_string(code) + ")",
+                errc::corrupt_payload);
 }
 
 // ---------------------------------------------------------------------------
