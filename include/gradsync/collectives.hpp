@@ -22,6 +22,8 @@
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "core/ops.hpp"
+#include "exec/executor.hpp"
+#include "exec/host.hpp"
 #include "transport/subgroup.hpp"
 #include "transport/transport.hpp"
 
@@ -85,41 +87,77 @@ template <transport C> int grid_row_of(const C& c, const options& o) {
 
 } // namespace detail
 
+namespace detail {
+// Whether collectives with executor E may run through c's shared arena.
+template <transport C, executor E> inline constexpr bool arena_for =
+    algo::shm_direct::arena_transport<C> && E::space == memory_space::host;
+} // namespace detail
+
 /// The communicator as the cost model sees it under options `o` (groups from
-/// o.group_size, else the transport's node_of, else none).
-template <transport C> topology topology_of(const C& c, const options& o = {}) {
+/// o.group_size, else the transport's node_of, else none), for buffers in the
+/// memory space of executor E (the shared arena serves host memory only).
+template <transport C, executor E = exec::host> topology topology_of(const C& c, const options& o = {}) {
   const int p = c.size();
+  constexpr bool arena = detail::arena_for<C, E>;
   // Closed forms where no node map is needed: automatic calls this per call.
-  if (o.group_size > 0) return {p, std::min(o.group_size, p), (p + o.group_size - 1) / o.group_size};
+  if (o.group_size > 0) return {p, std::min(o.group_size, p), (p + o.group_size - 1) / o.group_size, arena};
   if constexpr (requires { c.node_shape(); }) {
-    return {p, c.node_shape().largest, c.node_shape().count};
+    return {p, c.node_shape().largest, c.node_shape().count, arena};
   } else if constexpr (node_aware<C>) {
     const rank_groups g = groups_of(c, 0);
-    return {p, g.max_size(), g.count()};
+    return {p, g.max_size(), g.count(), arena};
   } else {
-    return {p, p, 1};
+    return {p, p, 1, arena};
   }
 }
 
-/// The schedule `allreduce` runs for `count` elements of T under `o`:
-/// o.algo, or for `automatic` the selector's choice (override table, then the
-/// cheapest by the model). The same on every rank given equal selectors.
-template <element T, transport C>
+/// The schedule `allreduce` runs for `count` elements of T under `o` with
+/// executor E: o.algo, or for `automatic` the selector's choice (override
+/// table, then the cheapest by the model, `direct` included where the
+/// transport has a shared arena). The same on every rank given equal selectors.
+template <element T, transport C, executor E = exec::host>
 algorithm allreduce_algorithm(const C& c, std::size_t count, const options& o = {}) {
   if (o.algo != algorithm::automatic) return o.algo;
-  const selector& sel = detail::selector_of(o);
-  // Over shared memory the arena allreduce beats every message schedule at
-  // every size (core/policy.hpp, shm section); the override table still wins.
-  if constexpr (algo::shm_direct::arena_transport<C>)
-    if (sel.pinned(count * sizeof(T)) == algorithm::automatic) return algorithm::direct;
-  return sel.choose(count * sizeof(T), topology_of(c, o), detail::segment_bytes(o));
+  return detail::selector_of(o).choose(count * sizeof(T), topology_of<C, E>(c, o), o.segment());
+}
+
+/// The schedule `reduce_scatter` runs for blocks of `block` elements of T:
+/// `ring`, or `direct` (the shared arena) where the model finds it cheaper.
+template <element T, transport C, executor E = exec::host>
+algorithm reduce_scatter_algorithm(const C& c, std::size_t block, const options& o = {}) {
+  if (o.algo != algorithm::automatic) return o.algo;
+  return detail::selector_of(o).choose_reduce_scatter(block * sizeof(T) * static_cast<std::size_t>(c.size()),
+                                                      topology_of<C, E>(c, o), o.segment());
+}
+
+/// The schedule `allgather` runs for blocks of `block` elements of T.
+template <element T, transport C, executor E = exec::host>
+algorithm allgather_algorithm(const C& c, std::size_t block, const options& o = {}) {
+  if (o.algo != algorithm::automatic) return o.algo;
+  return detail::selector_of(o).choose_allgather(block * sizeof(T) * static_cast<std::size_t>(c.size()),
+                                                 topology_of<C, E>(c, o), o.segment());
+}
+
+/// The schedule `broadcast` runs for `count` elements of T: `ring` (the
+/// pipelined chain) or `tree` (binomial), by the cost model.
+template <element T, transport C>
+algorithm broadcast_algorithm(const C& c, std::size_t count, const options& o = {}) {
+  if (o.algo != algorithm::automatic) return o.algo;
+  return detail::selector_of(o).choose_rooted(count * sizeof(T), c.size(), false, o.segment());
+}
+
+/// The schedule `reduce` runs for `count` elements of T: `ring` (chain) or `tree`.
+template <element T, transport C>
+algorithm reduce_algorithm(const C& c, std::size_t count, const options& o = {}) {
+  if (o.algo != algorithm::automatic) return o.algo;
+  return detail::selector_of(o).choose_rooted(count * sizeof(T), c.size(), true, o.segment());
 }
 
 namespace detail {
 // Scratch bytes of allreduce schedule `a` (already chosen) for `count` elements.
 template <element T, transport C>
 std::size_t allreduce_scratch_bytes(algorithm a, const C& c, std::size_t count, const options& o) {
-  const std::size_t seg = segment_bytes(o);
+  const std::size_t seg = o.segment();
   switch (a) {
   case algorithm::hier: {
     const rank_groups g = hier_groups(c, o);
@@ -137,18 +175,20 @@ std::size_t allreduce_scratch_bytes(algorithm a, const C& c, std::size_t count, 
 } // namespace detail
 
 /// Scratch bytes `allreduce` needs for `count` elements of T with options `o`
-/// (pass a buffer this large as `o.workspace` to avoid a per-call allocation).
-template <element T, transport C>
+/// and executor E (pass a buffer this large, in E's memory space, as
+/// `o.workspace` to avoid a per-call allocation).
+template <element T, transport C, executor E = exec::host>
 std::size_t allreduce_workspace_bytes(const C& c, std::size_t count, const options& o = {}) {
-  return detail::allreduce_scratch_bytes<T>(allreduce_algorithm<T>(c, count, o), c, count, o);
+  return detail::allreduce_scratch_bytes<T>(allreduce_algorithm<T, C, E>(c, count, o), c, count, o);
 }
 
 /// Allreduce, out of place: `out[i] = op over ranks of in[i]`. `out` must hold
 /// at least `in.size()` elements (extra elements are untouched); `in` and `out`
 /// may be the same buffer. Every rank must pass the same count. All ranks end
-/// with bitwise identical results.
-template <transport C, element T, reduce_op Op = op::sum>
-void allreduce(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> out, Op op = {},
+/// with bitwise identical results. The element work runs on executor `ex`
+/// (buffers and workspace in its memory space).
+template <transport C, executor E, element T, reduce_op Op = op::sum>
+void allreduce(C& c, E& ex, std::type_identity_t<std::span<const T>> in, std::span<T> out, Op op = {},
                const options& o = {}) {
   const char* name = "allreduce";
   const int r = c.rank();
@@ -159,48 +199,63 @@ void allreduce(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> o
               std::to_string(in.size()));
   detail::check_alias(in, out, name, r);
   const std::size_t count = in.size();
-  const selector& sel = detail::selector_of(o);
-  const algorithm a = allreduce_algorithm<T>(c, count, o);
-  const std::size_t seg = detail::segment_bytes(o);
+  const algorithm a = allreduce_algorithm<T, C, E>(c, count, o);
+  const std::size_t seg = o.segment();
   if (a == algorithm::direct) {
-    if constexpr (algo::shm_direct::arena_transport<C>)
+    if constexpr (detail::arena_for<C, E>)
       return algo::shm_direct::allreduce(c, in.data(), out.data(), count, op);
     detail::unsupported(name, r, a);
   }
   if (a != algorithm::hier && a != algorithm::twod && !algo::is_flat(a)) detail::unsupported(name, r, a);
-  algo::scratch<T> ws(o.workspace, detail::allreduce_scratch_bytes<T>(a, c, count, o) / sizeof(T), name, r);
+  auto ws = ex.template scratch<T>(o.workspace, detail::allreduce_scratch_bytes<T>(a, c, count, o) / sizeof(T),
+                                   name, r);
   switch (a) {
   case algorithm::hier:
-    algo::hierarchical::allreduce(c, in.data(), out.data(), count, op, detail::hier_groups(c, o), o.inner,
-                                  sel, seg, o.tag, ws.data());
+    algo::hierarchical::allreduce(c, ex, in.data(), out.data(), count, op, detail::hier_groups(c, o), o.inner,
+                                  detail::selector_of(o), seg, o.tag, ws.data());
     return;
   case algorithm::twod:
-    algo::hierarchical::allreduce_2d(c, in.data(), out.data(), count, op, detail::grid_row_of(c, o), seg,
+    algo::hierarchical::allreduce_2d(c, ex, in.data(), out.data(), count, op, detail::grid_row_of(c, o), seg,
                                      o.tag, ws.data());
     return;
   default:
-    algo::flat_allreduce(a, c, in.data(), out.data(), count, op, seg, o.tag, ws.data(), name);
+    algo::flat_allreduce(a, c, ex, in.data(), out.data(), count, op, seg, o.tag, ws.data(), name);
   }
+}
+
+/// Allreduce on the host executor (see above).
+template <transport C, element T, reduce_op Op = op::sum>
+void allreduce(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> out, Op op = {},
+               const options& o = {}) {
+  exec::host ex;
+  allreduce<C, exec::host, T, Op>(c, ex, in, out, op, o);
+}
+
+/// Allreduce in place on `data`, element work on executor `ex`.
+template <transport C, executor E, element T, reduce_op Op = op::sum>
+void allreduce(C& c, E& ex, std::span<T> data, Op op = {}, const options& o = {}) {
+  allreduce<C, E, T, Op>(c, ex, std::span<const T>(data), data, op, o);
 }
 
 /// Allreduce in place on `data`.
 template <transport C, element T, reduce_op Op = op::sum>
 void allreduce(C& c, std::span<T> data, Op op = {}, const options& o = {}) {
-  allreduce<C, T, Op>(c, std::span<const T>(data), data, op, o);
+  exec::host ex;
+  allreduce<C, exec::host, T, Op>(c, ex, std::span<const T>(data), data, op, o);
 }
 
 /// Scratch bytes `reduce_scatter` needs for blocks of `block` elements.
-template <element T, transport C>
+template <element T, transport C, executor E = exec::host>
 std::size_t reduce_scatter_workspace_bytes(const C& c, std::size_t block, const options& o = {}) {
+  if (reduce_scatter_algorithm<T, C, E>(c, block, o) != algorithm::ring) return 0;
   const auto p = static_cast<std::size_t>(c.size());
-  return algo::ring::scratch_elems(partition{block * p, p}, sizeof(T), detail::segment_bytes(o),
-                                   c.size()) * sizeof(T);
+  return algo::ring::scratch_elems(partition{block * p, p}, sizeof(T), o.segment(), c.size()) * sizeof(T);
 }
 
 /// Reduce-scatter: `in` holds size() blocks of `out.size()` elements; rank r
 /// receives block r of the reduction. `out` may alias block r of `in`.
-template <transport C, element T, reduce_op Op = op::sum>
-void reduce_scatter(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> out,
+template <transport C, executor E, element T, reduce_op Op = op::sum>
+void reduce_scatter(C& c, E& ex, std::type_identity_t<std::span<const T>> in, std::span<T> out,
                     Op op = {}, const options& o = {}) {
   const char* name = "reduce_scatter";
   const int r = c.rank();
@@ -216,30 +271,35 @@ void reduce_scatter(C& c, std::type_identity_t<std::span<const T>> in, std::span
     const T* blk = in.data() + n * static_cast<std::size_t>(r);
     if (own != blk) detail::check_alias(in, out, name, r);
   }
-  switch (o.algo) {
-  case algorithm::automatic:
-  case algorithm::direct: // over shared memory: through the arena (faster at every size)
-    if constexpr (algo::shm_direct::arena_transport<C>) {
-      return algo::shm_direct::reduce_scatter(c, in.data(), own, n, op);
-    } else if (o.algo == algorithm::direct) {
-      detail::unsupported(name, r, o.algo);
-    }
-    [[fallthrough]];
+  switch (const algorithm a = reduce_scatter_algorithm<T, C, E>(c, n, o)) {
+  case algorithm::direct:
+    if constexpr (detail::arena_for<C, E>) return algo::shm_direct::reduce_scatter(c, in.data(), own, n, op);
+    detail::unsupported(name, r, a);
   case algorithm::ring: {
-    algo::scratch<T> ws(o.workspace, reduce_scatter_workspace_bytes<T>(c, n, o) / sizeof(T), name, r);
-    algo::ring::reduce_scatter(c, in.data(), own, partition{n * p, p}, op,
-                               detail::segment_bytes(o), o.tag, ws.data());
+    auto ws = ex.template scratch<T>(o.workspace, reduce_scatter_workspace_bytes<T, C, E>(c, n, o) / sizeof(T),
+                                     name, r);
+    const algo::typed_reduce<T, Op, E> sop{ex, op, c.size()};
+    algo::ring::reduce_scatter(c, sop, in.data(), own, partition{n * p, p}, o.segment(), o.tag,
+                               reinterpret_cast<std::byte*>(ws.data()));
     return;
   }
   default:
-    detail::unsupported(name, r, o.algo);
+    detail::unsupported(name, r, a);
   }
+}
+
+/// Reduce-scatter on the host executor (see above).
+template <transport C, element T, reduce_op Op = op::sum>
+void reduce_scatter(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> out, Op op = {},
+                    const options& o = {}) {
+  exec::host ex;
+  reduce_scatter<C, exec::host, T, Op>(c, ex, in, out, op, o);
 }
 
 /// Allgather: `out` receives size() blocks of `in.size()` elements, block r
 /// from rank r. `in` may alias block r of `out` (in place).
-template <transport C, element T>
-void allgather(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> out,
+template <transport C, executor E, element T>
+void allgather(C& c, E& ex, std::type_identity_t<std::span<const T>> in, std::span<T> out,
                const options& o = {}) {
   const char* name = "allgather";
   const int r = c.rank();
@@ -252,66 +312,68 @@ void allgather(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> o
               std::to_string(p) + " x " + std::to_string(n));
   T* own = out.data() + n * static_cast<std::size_t>(r);
   if (n != 0 && own != in.data()) detail::check_alias(in, out, name, r);
-  switch (o.algo) {
-  case algorithm::automatic:
-  case algorithm::direct: // over shared memory: through the arena
-    if constexpr (algo::shm_direct::arena_transport<C>) {
-      return algo::shm_direct::allgather(c, in.data(), out.data(), n);
-    } else if (o.algo == algorithm::direct) {
-      detail::unsupported(name, r, o.algo);
-    }
-    [[fallthrough]];
-  case algorithm::ring:
-    copy_elems(own, in.data(), n);
-    algo::ring::allgather(c, out.data(), partition{n * p, p}, detail::segment_bytes(o), o.tag);
+  switch (const algorithm a = allgather_algorithm<T, C, E>(c, n, o)) {
+  case algorithm::direct:
+    if constexpr (detail::arena_for<C, E>) return algo::shm_direct::allgather(c, in.data(), out.data(), n);
+    detail::unsupported(name, r, a);
+  case algorithm::ring: {
+    ex.copy(own, in.data(), n);
+    const algo::typed_reduce<T, op::sum, E> sop{ex, op::sum{}, c.size()}; // copies only
+    algo::ring::allgather(c, sop, out.data(), partition{n * p, p}, o.segment(), o.tag, nullptr);
     return;
+  }
   default:
-    detail::unsupported(name, r, o.algo);
+    detail::unsupported(name, r, a);
   }
 }
 
-namespace detail {
-// broadcast/reduce: `ring` is the pipelined chain, `tree` the binomial tree.
-template <transport C>
-algorithm rooted_algorithm(const C& c, std::size_t bytes, bool is_reduce, const options& o) {
-  if (o.algo != algorithm::automatic) return o.algo;
-  return selector_of(o).choose_rooted(bytes, c.size(), is_reduce, segment_bytes(o));
+/// Allgather on the host executor (see above).
+template <transport C, element T>
+void allgather(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> out, const options& o = {}) {
+  exec::host ex;
+  allgather<C, exec::host, T>(c, ex, in, out, o);
 }
-} // namespace detail
 
 /// Broadcast `data` from `root` to every rank: the pipelined chain (`ring`)
 /// or the binomial tree (`tree`); `automatic` picks by the cost model.
-template <transport C, element T>
-void broadcast(C& c, std::span<T> data, int root, const options& o = {}) {
+template <transport C, executor E, element T>
+void broadcast(C& c, E& ex, std::span<T> data, int root, const options& o = {}) {
   const char* name = "broadcast";
   const int r = c.rank();
   detail::check_span(data, name, r, "buffer");
   detail::check_root(root, c.size(), name, r);
-  switch (const algorithm a = detail::rooted_algorithm(c, data.size_bytes(), false, o)) {
+  switch (const algorithm a = broadcast_algorithm<T>(c, data.size(), o)) {
   case algorithm::ring:
-    algo::chain::broadcast(c, data.data(), data.size(), root, detail::segment_bytes(o), o.tag);
+    algo::chain::broadcast(c, ex, data.data(), data.size(), root, o.segment(), o.tag);
     return;
   case algorithm::tree:
-    algo::tree::broadcast(c, data.data(), data.size(), root, detail::segment_bytes(o), o.tag);
+    algo::tree::broadcast(c, ex, data.data(), data.size(), root, o.segment(), o.tag);
     return;
   default:
     detail::unsupported(name, r, a);
   }
 }
 
+/// Broadcast on the host executor (see above).
+template <transport C, element T>
+void broadcast(C& c, std::span<T> data, int root, const options& o = {}) {
+  exec::host ex;
+  broadcast<C, exec::host, T>(c, ex, data, root, o);
+}
+
 /// Scratch bytes `reduce` needs for `count` elements.
 template <element T, transport C>
 std::size_t reduce_workspace_bytes(const C& c, std::size_t count, const options& o = {}) {
-  const std::size_t seg = detail::segment_bytes(o);
-  if (detail::rooted_algorithm(c, count * sizeof(T), true, o) == algorithm::tree)
+  const std::size_t seg = o.segment();
+  if (reduce_algorithm<T>(c, count, o) == algorithm::tree)
     return algo::tree::reduce_scratch_elems(count, sizeof(T), seg, c.size()) * sizeof(T);
   return algo::chain::reduce_scratch_elems(count, sizeof(T), seg, c.size()) * sizeof(T);
 }
 
 /// Reduce to `root`: at the root `out` (at least `in.size()` elements, may be
 /// `in`) receives the reduction; elsewhere `out` is not touched and may be empty.
-template <transport C, element T, reduce_op Op = op::sum>
-void reduce(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> out, int root,
+template <transport C, executor E, element T, reduce_op Op = op::sum>
+void reduce(C& c, E& ex, std::type_identity_t<std::span<const T>> in, std::span<T> out, int root,
             Op op = {}, const options& o = {}) {
   const char* name = "reduce";
   const int r = c.rank();
@@ -324,15 +386,21 @@ void reduce(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> out,
                 std::to_string(in.size()));
     detail::check_alias(in, out, name, r);
   }
-  const algorithm a = detail::rooted_algorithm(c, in.size_bytes(), true, o);
+  const algorithm a = reduce_algorithm<T>(c, in.size(), o);
   if (a != algorithm::ring && a != algorithm::tree) detail::unsupported(name, r, a);
-  algo::scratch<T> ws(o.workspace, reduce_workspace_bytes<T>(c, in.size(), o) / sizeof(T), name, r);
+  auto ws = ex.template scratch<T>(o.workspace, reduce_workspace_bytes<T>(c, in.size(), o) / sizeof(T), name, r);
   if (a == algorithm::tree)
-    algo::tree::reduce(c, in.data(), out.data(), in.size(), root, op, detail::segment_bytes(o), o.tag,
-                       ws.data());
+    algo::tree::reduce(c, ex, in.data(), out.data(), in.size(), root, op, o.segment(), o.tag, ws.data());
   else
-    algo::chain::reduce(c, in.data(), out.data(), in.size(), root, op, detail::segment_bytes(o), o.tag,
-                        ws.data());
+    algo::chain::reduce(c, ex, in.data(), out.data(), in.size(), root, op, o.segment(), o.tag, ws.data());
+}
+
+/// Reduce on the host executor (see above).
+template <transport C, element T, reduce_op Op = op::sum>
+void reduce(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> out, int root, Op op = {},
+            const options& o = {}) {
+  exec::host ex;
+  reduce<C, exec::host, T, Op>(c, ex, in, out, root, op, o);
 }
 
 /// Returns on each rank only after every rank has entered the barrier.

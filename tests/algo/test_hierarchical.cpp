@@ -127,16 +127,17 @@ TEST_CASE("hier: two communicators (intra-node and cross-node)") {
           for (int i = 0; i < per; ++i) local_ranks.push_back(node * per + i);
           for (int k = 0; k < nodes; ++k) cross_ranks.push_back(k * per + lr);
           subgroup<inproc::communicator> local(c, local_ranks), cross(c, cross_ranks, 100);
+          exec::host ex;
           std::vector<std::int64_t> in(n), out(n);
           for (std::size_t i = 0; i < n; ++i) in[i] = input(c.rank(), i);
           std::vector<std::int64_t> ws(algo::hierarchical::allreduce_scratch_elems(n, 8, 64, per, nodes));
-          algo::hierarchical::allreduce(local, cross, static_cast<const std::int64_t*>(in.data()), out.data(), n,
+          algo::hierarchical::allreduce(local, cross, ex, static_cast<const std::int64_t*>(in.data()), out.data(), n,
                                         op::sum{}, algorithm::automatic, selector{}, 64, 7, ws.data());
           for (std::size_t i = 0; i < n; ++i) REQUIRE(out[i] == expected(p, i));
           // avg divides by all ranks once
           std::vector<double> d(n, static_cast<double>(c.rank()));
           std::vector<double> dws(algo::hierarchical::allreduce_scratch_elems(n, 8, 64, per, nodes));
-          algo::hierarchical::allreduce(local, cross, static_cast<const double*>(d.data()), d.data(), n, op::avg{},
+          algo::hierarchical::allreduce(local, cross, ex, static_cast<const double*>(d.data()), d.data(), n, op::avg{},
                                         algorithm::ring, selector{}, 64, 7, dws.data());
           for (double x : d) REQUIRE(x == (p - 1) / 2.0);
         });

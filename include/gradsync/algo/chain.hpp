@@ -8,17 +8,18 @@
 #include <vector>
 
 #include "../core/ops.hpp"
-#include "../core/reduce.hpp"
+#include "../exec/executor.hpp"
 #include "schedule.hpp"
 
 namespace gradsync::algo::chain {
 
 /// Broadcast `count` elements of `data` from `root` along the chain
 /// root, root+1, ..., root-1.
-template <transport C, element T>
-void broadcast(C& c, T* data, std::size_t count, int root, std::size_t seg_bytes, int tag) {
+template <transport C, executor E, element T>
+void broadcast(C& c, E& ex, T* data, std::size_t count, int root, std::size_t seg_bytes, int tag) {
   const int p = c.size(), r = c.rank();
   if (p == 1 || count == 0) return;
+  ex.fence(); // the root's data may have been written by the executor
   const int v = mod(r - root, p); // position in the chain
   const int next = v + 1 < p ? mod(r + 1, p) : -1, prev = v > 0 ? mod(r - 1, p) : -1;
   const auto g = segmentation::make(partition{count, 1}, sizeof(T), seg_bytes);
@@ -56,13 +57,13 @@ inline std::size_t reduce_scratch_elems(std::size_t count, std::size_t elem_byte
 /// Reduce `count` elements of every rank's `in` into `out` at `root`
 /// (`out` is ignored elsewhere). The chain runs root+1, root+2, ..., root, so
 /// the result is op(...op(in[root+1], in[root+2])..., in[root]) for every element.
-template <transport C, element T, reduce_op Op>
-void reduce(C& c, const T* in, T* out, std::size_t count, int root, Op op,
+template <transport C, executor E, element T, reduce_op Op>
+void reduce(C& c, E& ex, const T* in, T* out, std::size_t count, int root, Op op,
             std::size_t seg_bytes, int tag, T* slot_mem) {
   const int p = c.size(), r = c.rank();
   if (p == 1) {
-    copy_elems(out, in, count);
-    finalize(out, count, op, p);
+    ex.copy(out, in, count);
+    ex.finish(out, count, op, p);
     return;
   }
   if (count == 0) return;
@@ -94,10 +95,11 @@ void reduce(C& c, const T* in, T* out, std::size_t count, int root, Op op,
     rq[j % nslots].reset();
     const auto off = g.offset(0, j), n = g.size(0, j);
     if (to < 0) {
-      combine(out + off, slot(j), in + off, n, op);
-      finalize(out + off, n, op, p);
+      ex.reduce(out + off, static_cast<const T*>(slot(j)), in + off, n, op);
+      ex.finish(out + off, n, op, p);
     } else {
-      combine(slot(j), slot(j), in + off, n, op);
+      ex.reduce(slot(j), static_cast<const T*>(slot(j)), in + off, n, op);
+      ex.fence();
       sq[j % nslots].emplace(send(c, static_cast<const T*>(slot(j)), n, to, tag));
     }
     if (j + depth < nseg) post(j + depth);

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "../core/ops.hpp"
-#include "../core/reduce.hpp"
+#include "../exec/executor.hpp"
 #include "pairwise.hpp"
 #include "schedule.hpp"
 
@@ -51,11 +51,11 @@ struct heap_node {
 };
 
 /// Allreduce of `count` elements from `in` into `out` (may be equal).
-template <transport C, element T, reduce_op Op>
-void allreduce(C& c, const T* in, T* out, std::size_t count, Op op, std::size_t seg_bytes, int tag,
+template <transport C, executor E, element T, reduce_op Op>
+void allreduce(C& c, E& ex, const T* in, T* out, std::size_t count, Op op, std::size_t seg_bytes, int tag,
                T* scratch) {
   const int p = c.size(), r = c.rank();
-  if (pairwise::trivial(p, in, out, count, op)) return;
+  if (pairwise::trivial(ex, p, in, out, count, op)) return;
   const auto g = segmentation::make(partition{count, 2}, sizeof(T), seg_bytes);
   const auto nseg = static_cast<long long>(g.nseg);
   const int H = heap_node(p, 0).height;
@@ -80,11 +80,15 @@ void allreduce(C& c, const T* in, T* out, std::size_t count, Op op, std::size_t 
             if (m.child[k] >= 0) {
               T* slot = scratch + k * g.max_seg;
               recv(c, slot, n, rank_of(t, m.child[k]), ttag).wait();
-              combine(out + off, cur, static_cast<const T*>(slot), n, op);
+              ex.reduce(out + off, cur, static_cast<const T*>(slot), n, op);
               cur = out + off;
             }
-          if (m.parent >= 0) up[b][js].emplace(send(c, cur, n, rank_of(t, m.parent), ttag));
-          else finalize(out + off, n, op, p); // the root has children since p >= 2
+          if (m.parent >= 0) {
+            if (cur != in + off) ex.fence();
+            up[b][js].emplace(send(c, cur, n, rank_of(t, m.parent), ttag));
+          } else {
+            ex.finish(out + off, n, op, p);
+          } // the root has children since p >= 2
         }
       }
       if (const long long j = s - H - m.depth; j >= 0 && j < nseg) { // broadcast downwards
@@ -94,6 +98,8 @@ void allreduce(C& c, const T* in, T* out, std::size_t count, Op op, std::size_t 
           if (m.parent >= 0) {
             if (auto& u = up[b][js]) { u->wait(); u.reset(); } // out[off..] may be in flight
             recv(c, out + off, n, rank_of(t, m.parent), ttag).wait();
+          } else {
+            ex.fence(); // the root's finished segment
           }
           for (int ch : m.child)
             if (ch >= 0) down.push_back(send(c, static_cast<const T*>(out + off), n, rank_of(t, ch), ttag));

@@ -47,15 +47,15 @@ inline std::size_t any_flat_scratch_elems(std::size_t count, std::size_t elem_by
 }
 
 /// Runs flat allreduce `a`; throws naming `op` for non-flat algorithms.
-template <transport C, element T, reduce_op Op>
-void flat_allreduce(algorithm a, C& c, const T* in, T* out, std::size_t count, Op op,
+template <transport C, executor E, element T, reduce_op Op>
+void flat_allreduce(algorithm a, C& c, E& ex, const T* in, T* out, std::size_t count, Op op,
                     std::size_t seg_bytes, int tag, T* scratch, const char* opname = "allreduce") {
   switch (a) {
-  case algorithm::ring: return ring::allreduce(c, in, out, count, op, seg_bytes, tag, scratch);
-  case algorithm::tree: return tree::allreduce(c, in, out, count, op, seg_bytes, tag, scratch);
-  case algorithm::dbtree: return dbtree::allreduce(c, in, out, count, op, seg_bytes, tag, scratch);
-  case algorithm::rd: return recursive_doubling::allreduce(c, in, out, count, op, seg_bytes, tag, scratch);
-  case algorithm::rabenseifner: return rabenseifner::allreduce(c, in, out, count, op, seg_bytes, tag, scratch);
+  case algorithm::ring: return ring::allreduce(c, ex, in, out, count, op, seg_bytes, tag, scratch);
+  case algorithm::tree: return tree::allreduce(c, ex, in, out, count, op, seg_bytes, tag, scratch);
+  case algorithm::dbtree: return dbtree::allreduce(c, ex, in, out, count, op, seg_bytes, tag, scratch);
+  case algorithm::rd: return recursive_doubling::allreduce(c, ex, in, out, count, op, seg_bytes, tag, scratch);
+  case algorithm::rabenseifner: return rabenseifner::allreduce(c, ex, in, out, count, op, seg_bytes, tag, scratch);
   default:
     throw error(opname, c.rank(), -1,
                 "algorithm '" + std::string(algorithm_name(a)) + "' is not a single-level schedule");

@@ -27,7 +27,7 @@
 
 #include "../core/ops.hpp"
 #include "../core/policy.hpp"
-#include "../core/reduce.hpp"
+#include "../exec/executor.hpp"
 #include "../transport/subgroup.hpp"
 #include "dispatch.hpp"
 #include "ring.hpp"
@@ -56,30 +56,31 @@ inline std::size_t allreduce_scratch_elems(std::size_t count, std::size_t elem_b
 /// The three steps, given this rank's group `local` (`shards` = the largest
 /// group size), and `inner(k, data, n)`, which allreduces shard k in place
 /// across groups with the partial operator. `ranks`: all ranks, for avg.
-template <transport L, element T, reduce_op Op, class Inner>
-void run(L& local, int shards, const T* in, T* out, std::size_t count, Op op, int ranks,
+template <transport L, executor E, element T, reduce_op Op, class Inner>
+void run(L& local, E& ex, int shards, const T* in, T* out, std::size_t count, Op op, int ranks,
          std::size_t seg_bytes, int tag, T* scratch, Inner&& inner) {
   const int g = local.size(), lr = local.rank();
   const auto G = static_cast<std::size_t>(shards);
   const partition sh{count, G};
   const partial_op<Op> pop{};
+  const typed_reduce<T, partial_op<Op>, E> sop{ex, pop, g};
   if (g == shards) {
-    ring::reduce_scatter(local, in, out + sh.offset(static_cast<std::size_t>(lr)), sh, pop, seg_bytes,
-                         tag, scratch);
+    ring::reduce_scatter(local, sop, in, out + sh.offset(static_cast<std::size_t>(lr)), sh, seg_bytes,
+                         tag, reinterpret_cast<std::byte*>(scratch));
   } else {
     for (std::size_t k = 0; k < G; ++k)
-      tree::reduce(local, in + sh.offset(k), out + sh.offset(k), sh.size(k),
+      tree::reduce(local, ex, in + sh.offset(k), out + sh.offset(k), sh.size(k),
                    static_cast<int>(k % static_cast<std::size_t>(g)), pop, seg_bytes, tag, scratch);
   }
   for (auto k = static_cast<std::size_t>(lr); k < G; k += static_cast<std::size_t>(g)) {
     inner(k, out + sh.offset(k), sh.size(k));
-    finalize(out + sh.offset(k), sh.size(k), op, ranks);
+    ex.finish(out + sh.offset(k), sh.size(k), op, ranks);
   }
   if (g == shards) {
-    ring::allgather(local, out, sh, seg_bytes, tag);
+    ring::allgather(local, sop, out, sh, seg_bytes, tag, nullptr);
   } else {
     for (std::size_t k = 0; k < G; ++k)
-      tree::broadcast(local, out + sh.offset(k), sh.size(k),
+      tree::broadcast(local, ex, out + sh.offset(k), sh.size(k),
                       static_cast<int>(k % static_cast<std::size_t>(g)), seg_bytes, tag);
   }
 }
@@ -87,8 +88,8 @@ void run(L& local, int shards, const T* in, T* out, std::size_t count, Op op, in
 /// Hierarchical allreduce over one communicator split into `groups`. The
 /// inter-group step runs `inner` (automatic: `sel` chooses per shard).
 /// `scratch` holds allreduce_scratch_elems(...) elements.
-template <transport C, element T, reduce_op Op>
-void allreduce(C& c, const T* in, T* out, std::size_t count, Op op, const rank_groups& groups,
+template <transport C, executor E, element T, reduce_op Op>
+void allreduce(C& c, E& ex, const T* in, T* out, std::size_t count, Op op, const rank_groups& groups,
                algorithm inner, const selector& sel, std::size_t seg_bytes, int tag, T* scratch) {
   const int r = c.rank();
   GRADSYNC_REQUIRE(static_cast<int>(groups.group_of.size()) == c.size(), "allreduce", r,
@@ -99,13 +100,13 @@ void allreduce(C& c, const T* in, T* out, std::size_t count, Op op, const rank_g
   const auto& mine = groups.members[static_cast<std::size_t>(groups.group_of[static_cast<std::size_t>(r)])];
   subgroup<C> local(c, mine, 0);
   const int m = groups.count();
-  run(local, groups.max_size(), in, out, count, op, c.size(), seg_bytes, tag, scratch,
+  run(local, ex, groups.max_size(), in, out, count, op, c.size(), seg_bytes, tag, scratch,
       [&](std::size_t k, T* data, std::size_t n) {
         std::vector<int> column; // the holder of shard k in every group
         for (const auto& grp : groups.members) column.push_back(grp[k % grp.size()]);
         subgroup<C> cross(c, std::move(column), policy::level_tag_shift);
         const algorithm a = inner == algorithm::automatic ? sel.choose_inner(n * sizeof(T), m, seg_bytes) : inner;
-        flat_allreduce(a, cross, static_cast<const T*>(data), data, n, partial_op<Op>{}, seg_bytes, tag, scratch);
+        flat_allreduce(a, cross, ex, static_cast<const T*>(data), data, n, partial_op<Op>{}, seg_bytes, tag, scratch);
       });
 }
 
@@ -114,16 +115,16 @@ void allreduce(C& c, const T* in, T* out, std::size_t count, Op op, const rank_g
 /// rank on every node (e.g. MPI). All nodes must have the same number of
 /// ranks. `scratch` holds allreduce_scratch_elems(count, ..., local.size(),
 /// cross.size()) elements.
-template <transport L, transport X, element T, reduce_op Op>
-void allreduce(L& local, X& cross, const T* in, T* out, std::size_t count, Op op, algorithm inner,
+template <transport L, transport X, executor E, element T, reduce_op Op>
+void allreduce(L& local, X& cross, E& ex, const T* in, T* out, std::size_t count, Op op, algorithm inner,
                const selector& sel, std::size_t seg_bytes, int tag, T* scratch) {
   GRADSYNC_REQUIRE(inner == algorithm::automatic || is_flat(inner), "allreduce", local.rank(),
           "hier: inner algorithm '" + std::string(algorithm_name(inner)) + "' is not a single-level schedule");
   const int m = cross.size();
-  run(local, local.size(), in, out, count, op, local.size() * m, seg_bytes, tag, scratch,
+  run(local, ex, local.size(), in, out, count, op, local.size() * m, seg_bytes, tag, scratch,
       [&](std::size_t, T* data, std::size_t n) {
         const algorithm a = inner == algorithm::automatic ? sel.choose_inner(n * sizeof(T), m, seg_bytes) : inner;
-        flat_allreduce(a, cross, static_cast<const T*>(data), data, n, partial_op<Op>{}, seg_bytes,
+        flat_allreduce(a, cross, ex, static_cast<const T*>(data), data, n, partial_op<Op>{}, seg_bytes,
                        tag + policy::level_tag_shift, scratch);
       });
 }
@@ -132,10 +133,10 @@ void allreduce(L& local, X& cross, const T* in, T* out, std::size_t count, Op op
 /// shorter) reduce-scatter, each column runs a ring allreduce of its shard,
 /// rows allgather. 2(row-1) + 2(rows-1) messages per rank instead of the
 /// ring's 2(p-1), with the ring's bandwidth term.
-template <transport C, element T, reduce_op Op>
-void allreduce_2d(C& c, const T* in, T* out, std::size_t count, Op op, int row,
+template <transport C, executor E, element T, reduce_op Op>
+void allreduce_2d(C& c, E& ex, const T* in, T* out, std::size_t count, Op op, int row,
                   std::size_t seg_bytes, int tag, T* scratch) {
-  allreduce(c, in, out, count, op, rank_groups::blocks(c.size(), row), algorithm::ring, selector{},
+  allreduce(c, ex, in, out, count, op, rank_groups::blocks(c.size(), row), algorithm::ring, selector{},
             seg_bytes, tag, scratch);
 }
 

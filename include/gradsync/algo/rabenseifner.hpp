@@ -13,7 +13,7 @@
 #include <cstddef>
 
 #include "../core/ops.hpp"
-#include "../core/reduce.hpp"
+#include "../exec/executor.hpp"
 #include "pairwise.hpp"
 #include "schedule.hpp"
 
@@ -23,11 +23,11 @@ namespace gradsync::algo::rabenseifner {
 inline constexpr auto allreduce_scratch_elems = pairwise::scratch_elems;
 
 /// Allreduce of `count` elements from `in` into `out` (may be equal).
-template <transport C, element T, reduce_op Op>
-void allreduce(C& c, const T* in, T* out, std::size_t count, Op op, std::size_t seg_bytes, int tag,
+template <transport C, executor E, element T, reduce_op Op>
+void allreduce(C& c, E& ex, const T* in, T* out, std::size_t count, Op op, std::size_t seg_bytes, int tag,
                T* scratch) {
   const int p = c.size();
-  pairwise::folded(c, in, out, count, op, seg_bytes, tag, scratch, [&](int v, const pairwise::fold& f, std::size_t seg) {
+  pairwise::folded(c, ex, in, out, count, op, seg_bytes, tag, scratch, [&](int v, const pairwise::fold& f, std::size_t seg) {
     const partition blocks{count, static_cast<std::size_t>(f.pof2)};
     auto at = [&](std::size_t b) { return out + blocks.offset(b); };
     auto len = [&](std::size_t lo, std::size_t hi) { return blocks.offset(hi) - blocks.offset(lo); };
@@ -38,18 +38,18 @@ void allreduce(C& c, const T* in, T* out, std::size_t count, Op op, std::size_t 
       const bool lower = (v & mask) == 0; // the lower rank keeps the lower half
       const std::size_t klo = lower ? lo : mid, khi = lower ? mid : hi;
       const std::size_t slo = lower ? mid : lo, shi = lower ? hi : mid;
-      pairwise::exchange_combine(c, f.outer(w), lower, static_cast<const T*>(at(slo)), len(slo, shi),
+      pairwise::exchange_combine(c, ex, f.outer(w), lower, static_cast<const T*>(at(slo)), len(slo, shi),
                                  static_cast<const T*>(at(klo)), at(klo), len(klo, khi), op, seg, tag,
                                  scratch);
       lo = klo;
       hi = khi;
     }
-    finalize(at(lo), len(lo, hi), op, p); // block v is final
+    ex.finish(at(lo), len(lo, hi), op, p); // block v is final
     for (int mask = 1; mask < f.pof2; mask *= 2) {
       const int w = v ^ mask;
       const auto m = static_cast<std::size_t>(mask);
       const std::size_t plo = (v & mask) ? lo - m : hi; // the partner's range adjoins ours
-      pairwise::exchange_copy(c, f.outer(w), static_cast<const T*>(at(lo)), len(lo, hi), at(plo),
+      pairwise::exchange_copy(c, ex, f.outer(w), static_cast<const T*>(at(lo)), len(lo, hi), at(plo),
                               len(plo, plo + m), tag);
       lo = std::min(lo, plo);
       hi = lo + 2 * m;

@@ -12,7 +12,7 @@
 #include <cstddef>
 
 #include "../core/ops.hpp"
-#include "../core/reduce.hpp"
+#include "../exec/executor.hpp"
 #include "pairwise.hpp"
 #include "schedule.hpp"
 
@@ -22,17 +22,17 @@ namespace gradsync::algo::recursive_doubling {
 inline constexpr auto allreduce_scratch_elems = pairwise::scratch_elems;
 
 /// Allreduce of `count` elements from `in` into `out` (may be equal).
-template <transport C, element T, reduce_op Op>
-void allreduce(C& c, const T* in, T* out, std::size_t count, Op op, std::size_t seg_bytes, int tag,
+template <transport C, executor E, element T, reduce_op Op>
+void allreduce(C& c, E& ex, const T* in, T* out, std::size_t count, Op op, std::size_t seg_bytes, int tag,
                T* scratch) {
-  pairwise::folded(c, in, out, count, op, seg_bytes, tag, scratch, [&](int v, const pairwise::fold& f, std::size_t seg) {
+  pairwise::folded(c, ex, in, out, count, op, seg_bytes, tag, scratch, [&](int v, const pairwise::fold& f, std::size_t seg) {
     for (int mask = 1; mask < f.pof2; mask <<= 1) {
       const int w = v ^ mask;
-      pairwise::exchange_combine(c, f.outer(w), v < w, static_cast<const T*>(out), count,
+      pairwise::exchange_combine(c, ex, f.outer(w), v < w, static_cast<const T*>(out), count,
                                  static_cast<const T*>(out), out, count, op, seg, tag, scratch);
     }
   });
-  finalize(out, count, op, c.size()); // once, on identical values everywhere
+  ex.finish(out, count, op, c.size()); // once, on identical values everywhere
 }
 
 } // namespace gradsync::algo::recursive_doubling

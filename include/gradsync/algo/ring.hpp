@@ -3,6 +3,12 @@
 // into segments so a rank forwards segment j while segment j+1 arrives.
 // Bandwidth term: 2(p-1)/p * n bytes per rank for allreduce.
 //
+// The schedule is written over the ring's primitives on byte segments (see
+// segment_op.hpp): step 0 is a send, middle steps of the reduce-scatter are
+// recv-reduce-send, its last step recv-reduce-copy; the allgather's steps are
+// recv-copy-send, its last a recv. Any segment operation runs on it: the
+// typed reduction here, a compressed one (variable sizes, up-to receives).
+//
 // Determinism: block b is reduced in the fixed order b+1, b+2, ..., b (each
 // step computes op(received partial, local)), then copied to every rank, so
 // all ranks hold bitwise identical results, identical from run to run.
@@ -13,16 +19,31 @@
 #include <vector>
 
 #include "../core/ops.hpp"
-#include "../core/reduce.hpp"
+#include "../exec/executor.hpp"
 #include "schedule.hpp"
+#include "segment_op.hpp"
 
 namespace gradsync::algo::ring {
 
-/// Staging slots of the reduce-scatter pipeline: depth receives in flight plus
-/// depth forwarded sends still draining.
+/// Staging slots of a phase: depth receives in flight plus depth forwarded
+/// sends still draining.
 inline constexpr int slots = 2 * policy::pipeline_depth;
 
-/// Scratch elements the reduce-scatter phase needs for `blocks`.
+/// Bytes of one staging slot of `sop` for segments of up to `n` elements
+/// (an operation's slot_bytes keeps the alignment its wire form needs).
+template <segment_op S> std::size_t slot_stride(const S& sop, std::size_t n) { return sop.slot_bytes(n); }
+
+/// Scratch bytes of one ring phase of `sop` over `blocks` (reducing or
+/// copying).
+template <segment_op S>
+std::size_t phase_scratch_bytes(const S& sop, const partition& blocks, std::size_t elem_bytes,
+                                std::size_t seg_bytes, int ranks, bool reducing) {
+  if (ranks <= 1) return 0;
+  const std::size_t stride = slot_stride(sop, segmentation::make(blocks, elem_bytes, seg_bytes).max_seg);
+  return ((reducing || !S::in_place_copy) ? slots * stride : 0) + (S::staged_send ? slots * stride : 0);
+}
+
+/// Scratch elements the typed reduce-scatter phase needs for `blocks`.
 inline std::size_t scratch_elems(const partition& blocks, std::size_t elem_bytes,
                                  std::size_t seg_bytes, int ranks) {
   if (ranks <= 1) return 0;
@@ -31,25 +52,40 @@ inline std::size_t scratch_elems(const partition& blocks, std::size_t elem_bytes
 
 namespace detail {
 
-// One phase of the ring (p-1 steps). Items are taken segment-major: segment j
-// goes through all steps before segment j+1 starts, so the item a rank
-// forwards is the very next one its successor waits for. (Step-major order
-// would need a whole block of staging per rank to avoid a cyclic wait.)
+// The receive request of transport C for operation S: exact-size receives
+// for fixed-size wire forms, up-to receives otherwise.
+template <transport C, segment_op S> auto post_recv(C& c, std::span<std::byte> d, int peer, int tag) {
+  if constexpr (S::exact) return c.irecv(d, peer, tag);
+  else return c.irecv_upto(d, peer, tag);
+}
+template <segment_op S, class R> std::size_t received(const R& r, std::span<std::byte> d) {
+  if constexpr (S::exact) return d.size();
+  else return r.received();
+}
+
+// One phase of the ring (p-1 steps) over the primitives. Items are taken
+// segment-major: segment j goes through all steps before segment j+1
+// starts, so the item a rank forwards is the very next one its successor
+// waits for. (Step-major order would need a whole block of staging per rank
+// to avoid a cyclic wait.)
 //
 // Step s receives block recv_block(s) from prev and sends block
 // recv_block(s-1) (or block send0 at step 0) to next; sends are posted in
-// exactly the order the successor receives. `Staged` phases receive into
-// rotating slots (reduce-scatter); others receive in place (allgather).
-// `on_recv(item, buf)` consumes a received segment and returns the buffer to
-// forward from (nullptr on the last step).
-template <bool Staged, transport C, class T, class RecvBlock, class OnRecv>
-void phase(C& c, const segmentation& g, RecvBlock recv_block, std::size_t send0,
-           const T* send0_base, T* place, T* slot_mem, int tag, OnRecv on_recv) {
+// exactly the order the successor receives. `Reduce`: the reduce-scatter
+// primitives (recv-reduce-send; recv-reduce-copy into `dst` at the last
+// step), with `mine` the local operand; otherwise recv-copy-send into `dst`
+// (`mine` is what step 0 sends). Received segments are staged in rotating
+// slots unless the operation copies in place.
+template <bool Reduce, transport C, segment_op S, class RecvBlock, class DstOf>
+void phase(C& c, const S& sop, const segmentation& g, RecvBlock recv_block, std::size_t send0,
+           const typename S::value_type* mine, DstOf dst_of, std::byte* scratch, int tag) {
+  using T = typename S::value_type;
   const int p = c.size(), r = c.rank();
   const int next = mod(r + 1, p), prev = mod(r - 1, p);
   const auto steps = static_cast<std::size_t>(p - 1);
+  constexpr bool staged = Reduce || !S::in_place_copy;
   using req = request_t<C>;
-  using rreq = decltype(recv(c, slot_mem, 0, 0, 0));
+  using rreq = decltype(post_recv<C, S>(c, std::span<std::byte>{}, 0, 0));
 
   struct item { std::size_t b, j, s, n; };
   std::vector<item> in_items;
@@ -62,122 +98,152 @@ void phase(C& c, const segmentation& g, RecvBlock recv_block, std::size_t send0,
         in_items.push_back({b, j, s, n});
       }
     }
-  // The successor's receive list: step 0 carries block send0, step s > 0
-  // forwards what this rank received at step s-1 of the same segment.
-  struct out_item { std::size_t from; const T* data; std::size_t n; };
+  // The successor's receive list: step 0 sends segment j of block send0,
+  // step s > 0 forwards what this rank received at step s-1 of segment j.
+  struct out_item { std::size_t from, j, n; };
   std::vector<out_item> out_items;
   for (std::size_t j = 0; j < g.nseg; ++j)
     for (std::size_t s = 0; s < steps; ++s) {
       if (s == 0) {
-        if (const auto n = g.size(send0, j))
-          out_items.push_back({SIZE_MAX, send0_base + g.offset(send0, j), n});
+        if (const auto n = g.size(send0, j)) out_items.push_back({SIZE_MAX, j, n});
       } else if (const auto q = index[j * steps + s - 1]; q != SIZE_MAX) {
-        out_items.push_back({q, nullptr, in_items[q].n});
+        out_items.push_back({q, j, in_items[q].n});
       }
     }
-  std::vector<const T*> fwd(in_items.size(), nullptr);
-  std::vector<req> sends;          // unstaged sends, waited at the end
-  std::vector<std::optional<req>> sq(Staged ? slots : 0); // staged: per slot
-  std::size_t k = 0;
+  const std::size_t stride = slot_stride(sop, g.max_seg);
+  std::byte* const slot_mem = scratch;
+  std::byte* const send_mem = scratch + (staged ? slots * stride : 0);
+  auto slot = [&](std::size_t q) { return slot_mem + (q % slots) * stride; };
+
+  std::vector<std::span<const std::byte>> fwd(in_items.size()); // what item q forwards
+  std::vector<bool> ready(in_items.size(), false);
+  std::vector<req> sends;                                  // waited at the end
+  std::vector<std::optional<req>> sq(staged ? slots : 0);  // forwards out of slot q % slots
+  std::vector<std::optional<req>> s0(S::staged_send ? slots : 0); // step-0 sends out of staging
+  std::size_t k = 0, first = 0;
   auto pump = [&] {
     for (; k < out_items.size(); ++k) {
       const auto& o = out_items[k];
-      const T* data = o.data;
-      if (o.from != SIZE_MAX) {
-        if (!fwd[o.from]) return; // not received yet
-        data = fwd[o.from];
+      if (o.from == SIZE_MAX) { // send
+        std::byte* st = nullptr;
+        if constexpr (S::staged_send) {
+          st = send_mem + (first % slots) * stride;
+          if (auto& pending = s0[first % slots]) { pending->wait(); pending.reset(); }
+        }
+        const auto w = sop.wire(mine + g.offset(send0, o.j), o.n, st);
+        if constexpr (S::staged_send) {
+          sop.fence();
+          s0[first % slots].emplace(c.isend(w, next, tag));
+        } else {
+          sends.push_back(c.isend(w, next, tag));
+        }
+        ++first;
+        continue;
       }
-      if (Staged && o.from != SIZE_MAX)
-        sq[o.from % slots].emplace(send(c, data, o.n, next, tag));
-      else
-        sends.push_back(send(c, data, o.n, next, tag));
+      if (!ready[o.from]) return; // not received yet
+      if constexpr (staged) sq[o.from % slots].emplace(c.isend(fwd[o.from], next, tag));
+      else sends.push_back(c.isend(fwd[o.from], next, tag));
     }
   };
   const std::size_t depth = policy::pipeline_depth;
-  const std::size_t ring_slots = Staged ? slots : depth;
+  const std::size_t ring_slots = staged ? slots : depth;
   std::vector<std::optional<rreq>> rq(ring_slots);
-  auto buf_of = [&](std::size_t q) {
-    return Staged ? slot_mem + (q % slots) * g.max_seg : place + g.offset(in_items[q].b, in_items[q].j);
-  };
+  std::vector<std::span<std::byte>> target(ring_slots);
   auto post = [&](std::size_t q) {
-    if constexpr (Staged)
+    const auto& it = in_items[q];
+    std::span<std::byte> t;
+    if constexpr (staged) {
       if (auto& pending = sq[q % slots]) { pending->wait(); pending.reset(); }
-    rq[q % ring_slots].emplace(recv(c, buf_of(q), in_items[q].n, prev, tag));
+      t = {slot(q), sop.slot_bytes(it.n)};
+    } else {
+      t = sop.recv_target(dst_of(it.b, it.j), it.n, nullptr);
+    }
+    target[q % ring_slots] = t;
+    rq[q % ring_slots].emplace(post_recv<C, S>(c, t, prev, tag));
   };
+  sop.fence(); // what step 0 sends may have been written by the executor
   pump();
   for (std::size_t q = 0; q < std::min(depth, in_items.size()); ++q) post(q);
   for (std::size_t q = 0; q < in_items.size(); ++q) {
-    rq[q % ring_slots]->wait();
+    auto& rr = *rq[q % ring_slots];
+    rr.wait();
+    const std::span<std::byte> got = target[q % ring_slots].first(received<S>(rr, target[q % ring_slots]));
     rq[q % ring_slots].reset();
     const auto& it = in_items[q];
-    fwd[q] = on_recv(it.b, it.j, it.n, it.s + 1 == steps, buf_of(q));
+    const bool last = it.s + 1 == steps;
+    if constexpr (Reduce) {
+      const T* local = mine + g.offset(it.b, it.j);
+      if (last) sop.reduce_copy(got, local, dst_of(it.b, it.j), it.n); // recv-reduce-copy
+      else fwd[q] = sop.reduce(got, local, it.n, slot(q));             // recv-reduce-send
+      if (!last) sop.fence();
+    } else {
+      sop.copy(got, dst_of(it.b, it.j), it.n); // recv-copy(-send): forward what arrived
+      fwd[q] = got;
+    }
+    ready[q] = true;
     pump();
     if (q + depth < in_items.size()) post(q + depth);
   }
   wait_all(sends);
-  for (auto& s : sq)
-    if (s) s->wait();
+  for (auto* v : {&sq, &s0})
+    for (auto& s : *v)
+      if (s) s->wait();
 }
 
 } // namespace detail
 
-/// Reduce-scatter phase: block r of the reduction of every rank's `in` (laid
-/// out as `blocks`) is written to `own` (which may alias block r of `in`).
-/// `slot_mem` holds scratch_elems(...) elements.
-template <transport C, element T, reduce_op Op>
-void reduce_scatter(C& c, const T* in, T* own, const partition& blocks, Op op,
-                    std::size_t seg_bytes, int tag, T* slot_mem) {
+/// Reduce-scatter phase over segment operation `sop`: block r of the
+/// reduction of every rank's `in` (laid out as `blocks`) is written to `own`
+/// (which may alias block r of `in`). `scratch` holds
+/// phase_scratch_bytes(sop, blocks, ..., true) bytes.
+template <transport C, segment_op S>
+void reduce_scatter(C& c, const S& sop, const typename S::value_type* in, typename S::value_type* own,
+                    const partition& blocks, std::size_t seg_bytes, int tag, std::byte* scratch) {
+  using T = typename S::value_type;
   const int p = c.size(), r = c.rank();
   if (p == 1) {
-    copy_elems(own, in, blocks.size(0));
-    finalize(own, blocks.size(0), op, p);
+    sop.local(in, own, blocks.size(0));
     return;
   }
   const auto g = segmentation::make(blocks, sizeof(T), seg_bytes);
   auto recv_block = [&](std::size_t s) { return static_cast<std::size_t>(mod(r - static_cast<long long>(s) - 2, p)); };
-  detail::phase<true>(c, g, recv_block, static_cast<std::size_t>(mod(r - 1, p)), in,
-                      static_cast<T*>(nullptr), slot_mem, tag,
-                      [&](std::size_t b, std::size_t j, std::size_t n, bool last, T* buf) -> const T* {
-                        const T* mine = in + g.offset(b, j);
-                        if (last) { // block r: the final value
-                          T* dst = own + g.inner(b, j);
-                          combine(dst, static_cast<const T*>(buf), mine, n, op);
-                          finalize(dst, n, op, p);
-                          return dst;
-                        }
-                        combine(buf, static_cast<const T*>(buf), mine, n, op);
-                        return buf;
-                      });
+  detail::phase<true>(c, sop, g, recv_block, static_cast<std::size_t>(mod(r - 1, p)), in,
+                      [&](std::size_t b, std::size_t j) { return own + g.inner(b, j); }, scratch, tag);
 }
 
-/// Allgather phase: every rank holds block r of `out` (laid out as `blocks`);
-/// afterwards every rank holds all blocks.
-template <transport C, element T>
-void allgather(C& c, T* out, const partition& blocks, std::size_t seg_bytes, int tag) {
+/// Allgather phase over `sop`: every rank holds block r of `out` (laid out
+/// as `blocks`); afterwards every rank holds all blocks. `scratch` holds
+/// phase_scratch_bytes(sop, blocks, ..., false) bytes (none for the typed op).
+template <transport C, segment_op S>
+void allgather(C& c, const S& sop, typename S::value_type* out, const partition& blocks,
+               std::size_t seg_bytes, int tag, std::byte* scratch) {
+  using T = typename S::value_type;
   const int p = c.size(), r = c.rank();
   if (p == 1) return;
   const auto g = segmentation::make(blocks, sizeof(T), seg_bytes);
   auto recv_block = [&](std::size_t s) { return static_cast<std::size_t>(mod(r - static_cast<long long>(s) - 1, p)); };
-  detail::phase<false>(c, g, recv_block, static_cast<std::size_t>(r), static_cast<const T*>(out),
-                       out, static_cast<T*>(nullptr), tag,
-                       [](std::size_t, std::size_t, std::size_t, bool, T* buf) -> const T* { return buf; });
+  detail::phase<false>(c, sop, g, recv_block, static_cast<std::size_t>(r), static_cast<const T*>(out),
+                       [&](std::size_t b, std::size_t j) { return out + g.offset(b, j); }, scratch, tag);
 }
 
-/// Scratch bytes of a ring allreduce of `count` elements on `ranks` ranks.
+/// Scratch bytes of a typed ring allreduce of `count` elements on `ranks` ranks.
 template <element T>
 std::size_t allreduce_workspace_bytes(int ranks, std::size_t count, std::size_t seg_bytes) {
   return scratch_elems(partition{count, static_cast<std::size_t>(ranks)}, sizeof(T), seg_bytes,
                        ranks) * sizeof(T);
 }
 
-/// Ring allreduce of `count` elements from `in` into `out` (may be equal).
-template <transport C, element T, reduce_op Op>
-void allreduce(C& c, const T* in, T* out, std::size_t count, Op op, std::size_t seg_bytes,
-               int tag, T* scratch_mem) {
+/// Typed ring allreduce of `count` elements from `in` into `out` (may be
+/// equal) with executor `ex`; `scratch` holds allreduce_workspace_bytes<T>.
+template <transport C, executor E, element T, reduce_op Op>
+void allreduce(C& c, E& ex, const T* in, T* out, std::size_t count, Op op, std::size_t seg_bytes,
+               int tag, T* scratch) {
   const partition blocks{count, static_cast<std::size_t>(c.size())};
-  reduce_scatter(c, in, out + blocks.offset(static_cast<std::size_t>(c.rank())), blocks, op,
-                 seg_bytes, tag, scratch_mem);
-  allgather(c, out, blocks, seg_bytes, tag);
+  const typed_reduce<T, Op, E> sop{ex, op, c.size()};
+  auto* mem = reinterpret_cast<std::byte*>(scratch);
+  reduce_scatter(c, sop, in, out + blocks.offset(static_cast<std::size_t>(c.rank())), blocks, seg_bytes,
+                 tag, mem);
+  allgather(c, sop, out, blocks, seg_bytes, tag, mem);
 }
 
 } // namespace gradsync::algo::ring

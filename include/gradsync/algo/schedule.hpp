@@ -1,11 +1,11 @@
-// gradsync: pieces every pipelined schedule shares: segment geometry and
-// caller-owned (or, if none given, per-call) scratch memory.
+// gradsync: pieces every pipelined schedule shares: segment geometry, typed
+// sends and receives, waiting for a batch of requests. (Scratch memory comes
+// from the executor: exec/executor.hpp.)
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -46,32 +46,6 @@ struct segmentation {
   std::size_t size(std::size_t b, std::size_t j) const {
     return partition{blocks.size(b), nseg}.size(j);
   }
-};
-
-/// Scratch of `n` elements of T: the caller's workspace when one was given
-/// (it must be large enough and aligned), else memory owned for this call.
-template <class T> class scratch {
-public:
-  scratch(std::span<std::byte> ws, std::size_t n, const char* op, int rank) {
-    if (n == 0) return;
-    const std::size_t need = n * sizeof(T);
-    if (!ws.empty()) {
-      GRADSYNC_REQUIRE(ws.size() >= need, op, rank,
-              "workspace holds " + std::to_string(ws.size()) + " bytes, " +
-                  std::to_string(need) + " are needed (ask *_workspace_bytes)");
-      GRADSYNC_REQUIRE(reinterpret_cast<std::uintptr_t>(ws.data()) % alignof(T) == 0, op, rank,
-              "workspace is not aligned to " + std::to_string(alignof(T)) + " bytes");
-      p_ = reinterpret_cast<T*>(ws.data());
-    } else {
-      own_ = std::make_unique_for_overwrite<T[]>(n);
-      p_ = own_.get();
-    }
-  }
-  T* data() const { return p_; }
-
-private:
-  std::unique_ptr<T[]> own_;
-  T* p_ = nullptr;
 };
 
 /// Request type of transport C.

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "../core/ops.hpp"
-#include "../core/reduce.hpp"
+#include "../exec/executor.hpp"
 #include "pairwise.hpp"
 #include "schedule.hpp"
 
@@ -34,18 +34,19 @@ namespace detail {
 
 // One binomial reduction of n elements towards virtual rank 0. `acc` receives
 // the partial (the result at the root); leaves send `in` as is.
-template <transport C, element T, reduce_op Op>
-void reduce_segment(C& c, const T* in, T* acc, T* tmp, std::size_t n, int root, Op op, int tag) {
+template <transport C, executor E, element T, reduce_op Op>
+void reduce_segment(C& c, E& ex, const T* in, T* acc, T* tmp, std::size_t n, int root, Op op, int tag) {
   const int p = c.size(), v = mod(c.rank() - root, p);
   const T* cur = in;
   for (int mask = 1; mask < p; mask <<= 1) {
     if (v & mask) {
+      if (cur != in) ex.fence();
       send(c, cur, n, mod(v - mask + root, p), tag).wait();
       return;
     }
     if (v + mask < p) {
       recv(c, tmp, n, mod(v + mask + root, p), tag).wait();
-      combine(acc, cur, static_cast<const T*>(tmp), n, op);
+      ex.reduce(acc, cur, static_cast<const T*>(tmp), n, op);
       cur = acc;
     }
   }
@@ -55,27 +56,28 @@ void reduce_segment(C& c, const T* in, T* acc, T* tmp, std::size_t n, int root, 
 
 /// Reduce `count` elements of every rank's `in` into `out` at `root` (`out`
 /// is not touched elsewhere). `scratch` holds reduce_scratch_elems(...).
-template <transport C, element T, reduce_op Op>
-void reduce(C& c, const T* in, T* out, std::size_t count, int root, Op op, std::size_t seg_bytes,
+template <transport C, executor E, element T, reduce_op Op>
+void reduce(C& c, E& ex, const T* in, T* out, std::size_t count, int root, Op op, std::size_t seg_bytes,
             int tag, T* scratch) {
   const int p = c.size();
-  if (pairwise::trivial(p, in, out, count, op)) return;
+  if (pairwise::trivial(ex, p, in, out, count, op)) return;
   const std::size_t seg = pairwise::seg_elems(sizeof(T), seg_bytes);
   const bool at_root = c.rank() == root;
   for (std::size_t off = 0; off < count; off += seg) {
     const std::size_t n = std::min(seg, count - off);
     T* acc = at_root ? out + off : scratch + std::min(seg, count); // after the receive segment
-    detail::reduce_segment(c, in + off, acc, scratch, n, root, op, tag);
-    if (at_root) finalize(acc, n, op, p);
+    detail::reduce_segment(c, ex, in + off, acc, scratch, n, root, op, tag);
+    if (at_root) ex.finish(acc, n, op, p);
   }
 }
 
 /// Broadcast `count` elements of `data` from `root`, segment by segment (a
 /// rank forwards segment j while segment j+1 is on its way).
-template <transport C, element T>
-void broadcast(C& c, T* data, std::size_t count, int root, std::size_t seg_bytes, int tag) {
+template <transport C, executor E, element T>
+void broadcast(C& c, E& ex, T* data, std::size_t count, int root, std::size_t seg_bytes, int tag) {
   const int p = c.size(), v = mod(c.rank() - root, p);
   if (p == 1 || count == 0) return;
+  ex.fence(); // the root's data may have been written by the executor
   int parent = -1, mask = 1;
   for (; mask < p; mask <<= 1)
     if (v & mask) {
@@ -97,18 +99,18 @@ void broadcast(C& c, T* data, std::size_t count, int root, std::size_t seg_bytes
 
 /// Allreduce: binomial reduce to rank 0 (accumulating in `out`), then
 /// binomial broadcast. `scratch` holds allreduce_scratch_elems(...).
-template <transport C, element T, reduce_op Op>
-void allreduce(C& c, const T* in, T* out, std::size_t count, Op op, std::size_t seg_bytes, int tag,
+template <transport C, executor E, element T, reduce_op Op>
+void allreduce(C& c, E& ex, const T* in, T* out, std::size_t count, Op op, std::size_t seg_bytes, int tag,
                T* scratch) {
   const int p = c.size();
-  if (pairwise::trivial(p, in, out, count, op)) return;
+  if (pairwise::trivial(ex, p, in, out, count, op)) return;
   const std::size_t seg = pairwise::seg_elems(sizeof(T), seg_bytes);
   for (std::size_t off = 0; off < count; off += seg) {
     const std::size_t n = std::min(seg, count - off);
-    detail::reduce_segment(c, in + off, out + off, scratch, n, 0, op, tag);
+    detail::reduce_segment(c, ex, in + off, out + off, scratch, n, 0, op, tag);
   }
-  if (c.rank() == 0) finalize(out, count, op, p);
-  broadcast(c, out, count, 0, seg_bytes, tag);
+  if (c.rank() == 0) ex.finish(out, count, op, p);
+  broadcast(c, ex, out, count, 0, seg_bytes, tag);
 }
 
 } // namespace gradsync::algo::tree
