@@ -25,8 +25,8 @@
 // allgather the second (each rank stages its block, every rank copies all).
 //
 // Single copy (transports with single_copy(), decided when the group formed:
-// Linux cross-memory attach, core/cross_memory.hpp). From
-// policy::shm_single_copy_min_bytes on, no byte goes through the arena: each
+// Linux cross-memory attach, core/cross_memory.hpp). From the transport's
+// single_copy_min_bytes() on, no byte goes through the arena: each
 // rank publishes (pid, in, out) at the start of its arena half, then
 //   reduce my share reading the peers' parts of `in` straight from their
 //   memory (process_vm_readv, a piece into a cache-sized scratch at a time),
@@ -88,10 +88,13 @@ concept arena_transport = transport<C> && requires(C& c, int q, int k, std::uint
 };
 
 /// An arena transport whose ranks can also read each other's private memory
-/// (cross-memory attach); single_copy() is the same on every rank.
+/// (cross-memory attach): single_copy() says whether they can, and
+/// single_copy_min_bytes() from which call size on they do; both are the
+/// same on every rank.
 template <class C>
 concept single_copy_transport = arena_transport<C> && requires(const C& c) {
   { c.single_copy() } -> std::convertible_to<bool>;
+  { c.single_copy_min_bytes() } -> std::convertible_to<std::uint64_t>;
 };
 
 namespace detail {
@@ -210,7 +213,7 @@ void reduce_pieces(int p, std::size_t m, Op op, Src src, Sink sink) {
 // every rank (single_copy() is agreed when the group forms, and ranks whose
 // sizes differ fail on the signature either way).
 template <arena_transport C> bool single_copy_for(const C& c, std::size_t bytes) {
-  if constexpr (single_copy_transport<C>) return bytes >= policy::shm_single_copy_min_bytes && c.single_copy();
+  if constexpr (single_copy_transport<C>) return c.single_copy() && bytes >= c.single_copy_min_bytes();
   else return false;
 }
 

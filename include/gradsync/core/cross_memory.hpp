@@ -11,6 +11,8 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -21,6 +23,7 @@
 #endif
 
 #include "error.hpp"
+#include "policy.hpp"
 
 namespace gradsync::cma {
 
@@ -93,6 +96,31 @@ inline std::uint64_t probe_address() noexcept {
 inline bool gone(int pid, std::uint64_t addr) noexcept {
   std::byte b;
   return read(pid, &b, reinterpret_cast<const void*>(static_cast<std::uintptr_t>(addr)), 1) == ESRCH;
+}
+
+/// A smallest call size meaning "never".
+inline constexpr std::uint64_t never = std::numeric_limits<std::uint64_t>::max();
+
+/// The smallest call (bytes) this process wants read in place, from
+/// GRADSYNC_SHM_SINGLE_COPY: `auto` or unset -> policy::shm_single_copy_min_bytes,
+/// `off` -> never, a byte count -> that. A group takes the largest any of its
+/// ranks wants (and never where a probe fails), so that all take one path.
+/// Anything else is an error naming the variable (`op`, `rank` name the caller).
+inline std::uint64_t min_bytes_setting(const char* op, int rank) {
+  const char* v = std::getenv("GRADSYNC_SHM_SINGLE_COPY");
+  const std::string_view s = v ? v : "";
+  if (s.empty() || s == "auto") return policy::shm_single_copy_min_bytes;
+  if (s == "off") return never;
+  std::uint64_t n = 0;
+  bool ok = s.size() <= 19;
+  for (char ch : s) {
+    ok = ok && ch >= '0' && ch <= '9';
+    n = n * 10 + static_cast<std::uint64_t>(ch - '0');
+  }
+  if (!ok)
+    throw error(op, rank, -1,
+                "GRADSYNC_SHM_SINGLE_COPY=\"" + std::string(s) + "\" is not one of auto, off, or a size in bytes");
+  return n;
 }
 
 /// Readable text of a read() failure.

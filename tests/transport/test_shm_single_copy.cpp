@@ -1,0 +1,435 @@
+// Single-copy collectives over shared memory (cross-memory attach): the
+// process_vm_readv wrapper against a forked child, the group's join-time
+// agreement, results of algo/shm_direct.hpp's single-copy path bitwise equal
+// to the rank-order reduction computed here, and peers dying mid-call.
+#include <doctest/doctest.h>
+
+#include <gradsync/algo/shm_direct.hpp>
+#include <gradsync/core/cross_memory.hpp>
+#include <gradsync/transport/shm.hpp>
+
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace sd = gradsync::algo::shm_direct;
+namespace cma = gradsync::cma;
+using gradsync::shm::communicator;
+using namespace std::chrono_literals;
+
+static_assert(sd::single_copy_transport<communicator>);
+
+// What one forked rank reported: "ok", or "<errc name>|<what()>", or nothing
+// when it was killed or hung.
+struct outcome {
+  int code = -1, signal = 0;
+  bool hung = false;
+  std::string said;
+};
+
+void expect(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error("expectation failed: " + what);
+}
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// Runs fn(comm) on `p` forked ranks meeting in a fresh directory, `env`
+// (rank -> value of GRADSYNC_SHM_SINGLE_COPY, or nullptr) set in each child
+// before it joins; kills ranks still running after `limit`.
+std::vector<outcome> run_ranks(int p, const std::function<void(communicator&)>& fn,
+                               const std::function<const char*(int)>& env = nullptr,
+                               std::chrono::milliseconds limit = 60s) {
+  char tmpl[] = "/tmp/gradsync-cma-test-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  std::fflush(nullptr);
+  std::vector<pid_t> pids;
+  std::vector<int> pipes;
+  for (int r = 0; r < p; ++r) {
+    int fd[2];
+    REQUIRE(::pipe(fd) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      for (int sig : {SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL}) std::signal(sig, SIG_DFL);
+      ::close(fd[0]);
+      std::string said = "ok";
+      try {
+        if (const char* v = env ? env(r) : nullptr) ::setenv("GRADSYNC_SHM_SINGLE_COPY", v, 1);
+        communicator c(fs::path(tmpl), r, p);
+        fn(c);
+      } catch (const gradsync::error& e) {
+        said = std::string(gradsync::errc_name(e.kind())) + "|" + e.what();
+      } catch (const std::exception& e) {
+        said = std::string("other|") + e.what();
+      }
+      [[maybe_unused]] const ssize_t n = ::write(fd[1], said.data(), said.size());
+      ::_exit(said == "ok" ? 0 : 1);
+    }
+    ::close(fd[1]);
+    pids.push_back(pid);
+    pipes.push_back(fd[0]);
+  }
+  std::vector<outcome> res(static_cast<std::size_t>(p));
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (std::size_t r = 0; r < pids.size(); ++r) {
+    int st = 0;
+    while (::waitpid(pids[r], &st, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        ::kill(pids[r], SIGKILL);
+        ::waitpid(pids[r], &st, 0);
+        res[r].hung = true;
+        break;
+      }
+      std::this_thread::sleep_for(1ms);
+    }
+    res[r].code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    res[r].signal = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
+    char buf[2048];
+    for (ssize_t n; (n = ::read(pipes[r], buf, sizeof buf)) > 0;) res[r].said.append(buf, static_cast<std::size_t>(n));
+    ::close(pipes[r]);
+  }
+  std::error_code ec;
+  fs::remove_all(tmpl, ec);
+  return res;
+}
+
+void check_all_ok(const std::vector<outcome>& res) {
+  for (std::size_t r = 0; r < res.size(); ++r) {
+    INFO("rank " << r << ": " << res[r].said);
+    CHECK(!res[r].hung);
+    CHECK(res[r].said == "ok");
+  }
+}
+
+// A forked child that holds `n` bytes of its own pattern at the address the
+// parent passes, until killed (the parent reads them back through the kernel).
+struct child {
+  pid_t pid = -1;
+  explicit child(std::uint8_t* buf, std::size_t n) {
+    int ready[2];
+    REQUIRE(::pipe(ready) == 0);
+    std::fflush(nullptr);
+    pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      for (std::size_t i = 0; i < n; ++i) buf[i] = static_cast<std::uint8_t>(i * 7 + 3); // the child's own copy
+      [[maybe_unused]] const ssize_t w = ::write(ready[1], "r", 1);
+      for (;;) ::pause();
+    }
+    char c;
+    REQUIRE(::read(ready[0], &c, 1) == 1);
+    ::close(ready[0]);
+    ::close(ready[1]);
+  }
+  void kill() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+    pid = -1;
+  }
+  ~child() { kill(); }
+};
+
+// Whether this machine lets one process read another's memory (as the
+// transport's probe should find); the tests that need it warn and stop if not.
+bool cma_works() {
+  std::uint8_t b[64] = {};
+  child ch(b, sizeof b);
+  return cma::probe(ch.pid, cma::probe_address());
+}
+
+} // namespace
+
+TEST_CASE("cross_memory: reads a child's memory exactly; a gone process or an unmapped range is an error") {
+  const std::size_t n = (std::size_t{3} << 20) + 5; // several pages, odd end
+  std::vector<std::uint8_t> buf(n, 0);
+  // A readable page followed by an unmapped one, in the child too.
+  auto* edge = static_cast<std::byte*>(::mmap(nullptr, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  REQUIRE(edge != MAP_FAILED);
+  ::munmap(edge + 4096, 4096);
+  child ch(buf.data(), n);
+  if (!cma::probe(ch.pid, cma::probe_address())) {
+    WARN("process_vm_readv is not permitted here: cross-memory tests skipped");
+    return;
+  }
+  CHECK(!cma::probe(ch.pid, cma::probe_address() + 8)); // another word: not the probe value
+  CHECK(!cma::probe(0, cma::probe_address()));
+  std::vector<std::uint8_t> got(n, 0);
+  for (std::size_t off : {std::size_t{0}, std::size_t{4095}, std::size_t{12345}}) {
+    const std::size_t len = n - off - 1;
+    std::fill(got.begin(), got.end(), 0);
+    REQUIRE(cma::read(ch.pid, got.data(), buf.data() + off, len) == 0);
+    bool same = true;
+    for (std::size_t i = 0; i < len; ++i) same &= got[i] == static_cast<std::uint8_t>((off + i) * 7 + 3);
+    CHECK(same);
+    CHECK(got[len] == 0); // nothing past the end
+    CHECK(buf[off] == 0); // our own copy untouched
+  }
+  CHECK(cma::read(ch.pid, got.data(), buf.data(), 0) == 0);
+  // An unmapped page: EFAULT, also when the range starts readable (the
+  // kernel copies the readable part, then the next call faults).
+  CHECK(cma::read(ch.pid, got.data(), edge + 4096, 16) == EFAULT);
+  CHECK(cma::read(ch.pid, got.data(), edge + 4000, 200) == EFAULT);
+  CHECK(cma::read(ch.pid, got.data(), edge + 4000, 96) == 0);
+  ::munmap(edge, 4096);
+  CHECK(!cma::gone(ch.pid, reinterpret_cast<std::uintptr_t>(buf.data())));
+  const pid_t dead = ch.pid;
+  ch.kill();
+  CHECK(cma::read(dead, got.data(), buf.data(), 16) == ESRCH);
+  CHECK(cma::gone(dead, reinterpret_cast<std::uintptr_t>(buf.data())));
+  CHECK(!cma::probe(dead, cma::probe_address()));
+  const auto e = cma::read_error(ESRCH, "allreduce", 0, 1, dead);
+  CHECK(e.kind() == gradsync::errc::peer_failed);
+  CHECK(e.peer() == 1);
+  CHECK(contains(e.what(), "rank 1 (pid " + std::to_string(dead) + ")"));
+  CHECK(cma::read_error(EPERM, "allreduce", 0, 1, dead).kind() == gradsync::errc::internal);
+}
+
+// ---- the group's agreement ---------------------------------------------------
+
+namespace {
+
+// The smallest single-copy call the tests ask for (GRADSYNC_SHM_SINGLE_COPY),
+// whatever the policy's default.
+constexpr std::size_t test_min = std::size_t{256} << 10;
+const std::string test_min_text = std::to_string(test_min);
+const char* test_min_env(int) { return test_min_text.c_str(); }
+
+} // namespace
+
+TEST_CASE("shm: single_copy() and single_copy_min_bytes() are what an independent probe and every rank's setting predict") {
+  const bool works = cma_works();
+  const std::uint64_t policy_min = gradsync::policy::shm_single_copy_min_bytes;
+  for (int p : {1, 2, 3}) {
+    CAPTURE(p);
+    // (a rank alone never reads a peer: the arena path is all it needs)
+    auto agreed = [&](std::uint64_t want) { return works && p > 1 ? want : cma::never; };
+    auto check = [&](communicator& c, std::uint64_t want) {
+      expect(c.single_copy_min_bytes() == agreed(want), "single_copy_min_bytes()");
+      expect(c.single_copy() == (agreed(want) != cma::never), "single_copy()");
+    };
+    check_all_ok(run_ranks(p, [&](communicator& c) { check(c, test_min); }, test_min_env));
+    check_all_ok(run_ranks(p, [&](communicator& c) { check(c, policy_min); }, [](int) { return "auto"; }));
+    check_all_ok(run_ranks(p, [&](communicator& c) { check(c, cma::never); }, [](int) { return "off"; }));
+    // Every rank takes the largest size any rank asked for; one "off" is enough.
+    check_all_ok(run_ranks(p, [&](communicator& c) { check(c, p > 1 ? 3 * test_min : test_min); },
+                           [](int r) { return r == 1 ? "786432" : test_min_text.c_str(); }));
+    check_all_ok(run_ranks(p, [&](communicator& c) { check(c, p > 2 ? cma::never : test_min); },
+                           [](int r) { return r == 2 ? "off" : test_min_text.c_str(); }));
+  }
+  auto res = run_ranks(2, [](communicator&) {}, [](int) { return "12k"; });
+  for (auto& o : res) {
+    INFO(o.said);
+    CHECK(!o.hung);
+    CHECK(contains(o.said, "GRADSYNC_SHM_SINGLE_COPY=\"12k\""));
+  }
+}
+
+// ---- results ------------------------------------------------------------------
+
+namespace {
+
+// Rank q's element i of each test input (irregular, so that a float sum in
+// another order would round differently).
+float fin(int q, std::size_t i) {
+  return static_cast<float>((i * 2654435761u + static_cast<std::size_t>(q) * 40503u) % 100003u) * 1e-3f +
+         1.0f / static_cast<float>(q + 3);
+}
+gradsync::half hin(int q, std::size_t i) { return gradsync::half(fin(q, i) * 1e-2f); }
+std::int64_t iin(int q, std::size_t i) {
+  return static_cast<std::int64_t>((i * 7919u + static_cast<std::size_t>(q) * 104729u) % 1000003u) - 500000;
+}
+
+// True if rank r's arena shows that the last call took the single-copy path
+// (its exposed record: this process, these buffers).
+bool took_single_copy(communicator& c, const void* in, const void* out) {
+  sd::detail::exposed x{};
+  std::memcpy(&x, c.arena(c.rank()) + (c.arena_epoch() & 1) * sd::detail::half_bytes(c), sizeof x);
+  return x.pid == ::getpid() && x.in == sd::detail::address(in) && x.out == sd::detail::address(out);
+}
+
+// Whether a call moving `bytes` (all ranks' data) should take the single-copy path.
+bool single_for(const communicator& c, std::size_t bytes) { return c.single_copy() && bytes >= c.single_copy_min_bytes(); }
+
+// Allreduce of `n` elements (in and out of place) against the rank-order
+// reduction computed here, for float sum, half sum, int64 max and double avg.
+void check_allreduce(communicator& c, std::size_t n) {
+  const int p = c.size(), r = c.rank();
+  const std::string at = " (count " + std::to_string(n) + ")";
+  std::vector<float> f(n), fo(n + 1, -7.0f);
+  for (std::size_t i = 0; i < n; ++i) f[i] = fin(r, i);
+  sd::allreduce(c, f.data(), fo.data(), n, gradsync::op::sum{});
+  expect(took_single_copy(c, f.data(), fo.data()) == single_for(c, n * sizeof(float)), "path taken" + at);
+  for (std::size_t i = 0; i < n; ++i) {
+    float acc = fin(0, i);
+    for (int q = 1; q < p; ++q) acc += fin(q, i);
+    expect(std::memcmp(&acc, &fo[i], sizeof acc) == 0, "float sum in rank order" + at);
+  }
+  expect(fo[n] == -7.0f, "wrote past the end" + at);
+  std::vector<gradsync::half> h(n);
+  for (std::size_t i = 0; i < n; ++i) h[i] = hin(r, i);
+  sd::allreduce(c, h.data(), h.data(), n, gradsync::op::sum{});
+  expect(took_single_copy(c, h.data(), h.data()) == single_for(c, n * sizeof(gradsync::half)), "half path" + at);
+  for (std::size_t i = 0; i < n; ++i) {
+    gradsync::half acc = hin(0, i);
+    for (int q = 1; q < p; ++q) acc = gradsync::half(static_cast<float>(acc) + static_cast<float>(hin(q, i)));
+    expect(static_cast<float>(acc) == static_cast<float>(h[i]), "half sum rounded after each step" + at);
+  }
+  std::vector<std::int64_t> m(n);
+  for (std::size_t i = 0; i < n; ++i) m[i] = iin(r, i);
+  sd::allreduce(c, m.data(), m.data(), n, gradsync::op::max{});
+  for (std::size_t i = 0; i < n; ++i) {
+    std::int64_t want = iin(0, i);
+    for (int q = 1; q < p; ++q) want = std::max(want, iin(q, i));
+    expect(m[i] == want, "int64 max" + at);
+  }
+  std::vector<double> d(n), dout(n);
+  for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<double>(fin(r, i)) * 1e-7;
+  sd::allreduce(c, d.data(), dout.data(), n, gradsync::op::avg{});
+  for (std::size_t i = 0; i < n; ++i) {
+    double acc = static_cast<double>(fin(0, i)) * 1e-7;
+    for (int q = 1; q < p; ++q) acc += static_cast<double>(fin(q, i)) * 1e-7;
+    acc /= p;
+    expect(std::memcmp(&acc, &dout[i], sizeof acc) == 0, "double avg" + at);
+  }
+}
+
+// Reduce-scatter and allgather of blocks of `n` elements, in and out of place.
+void check_scatter_gather(communicator& c, std::size_t n) {
+  const int p = c.size(), r = c.rank();
+  const auto P = static_cast<std::size_t>(p), R = static_cast<std::size_t>(r);
+  const std::string at = " (block " + std::to_string(n) + ")";
+  std::vector<float> in(n * P), out(n);
+  for (std::size_t j = 0; j < in.size(); ++j) in[j] = fin(r, j);
+  sd::reduce_scatter(c, in.data(), out.data(), n, gradsync::op::sum{});
+  expect(took_single_copy(c, in.data(), out.data()) == single_for(c, in.size() * sizeof(float)), "reduce_scatter path" + at);
+  for (std::size_t i = 0; i < n; ++i) {
+    float acc = fin(0, R * n + i);
+    for (int q = 1; q < p; ++q) acc += fin(q, R * n + i);
+    expect(std::memcmp(&acc, &out[i], sizeof acc) == 0, "reduce_scatter in rank order" + at);
+  }
+  sd::reduce_scatter(c, in.data(), in.data() + R * n, n, gradsync::op::max{}); // in place
+  for (std::size_t i = 0; i < n; ++i) {
+    float want = fin(0, R * n + i);
+    for (int q = 1; q < p; ++q) want = std::max(want, fin(q, R * n + i));
+    expect(in[R * n + i] == want, "in-place reduce_scatter" + at);
+  }
+  std::vector<std::int64_t> mine(n), all(n * P, -1);
+  for (std::size_t i = 0; i < n; ++i) mine[i] = iin(r, i);
+  sd::allgather(c, mine.data(), all.data(), n);
+  expect(took_single_copy(c, mine.data(), all.data()) == single_for(c, all.size() * sizeof(std::int64_t)),
+         "allgather path" + at);
+  for (std::size_t q = 0; q < P; ++q)
+    for (std::size_t i = 0; i < n; ++i) expect(all[q * n + i] == iin(static_cast<int>(q), i), "allgather" + at);
+  std::fill(all.begin(), all.end(), -1);
+  std::copy(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(R * n));
+  sd::allgather(c, all.data() + R * n, all.data(), n); // in place
+  for (std::size_t q = 0; q < P; ++q)
+    for (std::size_t i = 0; i < n; ++i) expect(all[q * n + i] == iin(static_cast<int>(q), i), "in-place allgather" + at);
+}
+
+} // namespace
+
+TEST_CASE("shm single copy: allreduce, reduce_scatter and allgather equal the rank-order reduction, both paths, on 2..4 ranks") {
+  if (!cma_works()) {
+    WARN("process_vm_readv is not permitted here: single-copy path not tested");
+    return;
+  }
+  const std::size_t min = test_min / sizeof(float);
+  for (const char* mode : {test_min_text.c_str(), "off"}) {
+    for (int p = 2; p <= 4; ++p) {
+      CAPTURE(mode);
+      CAPTURE(p);
+      auto res = run_ranks(p, [&](communicator& c) {
+        const bool on = c.single_copy();
+        expect(on == (std::string(mode) != "off"), "single_copy()");
+        // just below the threshold (arena), at it, odd and several shares
+        // of scratch, then the arena again: the paths share the counters
+        for (std::size_t n : {min - 1, min, 3 * min + 13, std::size_t{1000}}) check_allreduce(c, n);
+        const auto P = static_cast<std::size_t>(p);
+        for (std::size_t n : {min / P / 2 - 1, min / P - 1, (min + P - 1) / P, min + 5, std::size_t{100}})
+          check_scatter_gather(c, n);
+      }, [&](int) { return mode; }, 120s);
+      check_all_ok(res);
+    }
+  }
+}
+
+TEST_CASE("shm single copy: ranks on different paths (sizes across the threshold) all fail instead of hanging") {
+  if (!cma_works()) return;
+  const std::size_t min = test_min / sizeof(float);
+  auto res = run_ranks(3, [&](communicator& c) {
+    std::vector<float> v(min, 1.0f);
+    sd::allreduce(c, v.data(), v.data(), c.rank() == 1 ? min - 1 : min, gradsync::op::sum{});
+  }, test_min_env);
+  for (auto& o : res) {
+    INFO(o.said);
+    CHECK(!o.hung);
+    CHECK(o.code == 1);
+    CHECK((contains(o.said, "ranks disagree") || contains(o.said, "aborted")));
+  }
+}
+
+// ---- peers dying mid-call -------------------------------------------------------
+
+namespace {
+
+// The shm communicator, except that rank `victim` is killed right after it
+// first publishes arena counter `at` (so the survivors are then reading from
+// it, or waiting for it, at a known step of the call).
+struct dies_after : communicator {
+  int victim, at;
+  dies_after(communicator&& c, int v, int k) : communicator(std::move(c)), victim(v), at(k) {}
+  void arena_post(int k, std::uint64_t v) {
+    communicator::arena_post(k, v);
+    if (k == at && rank() == victim) ::raise(SIGKILL);
+  }
+};
+static_assert(sd::single_copy_transport<dies_after>);
+
+} // namespace
+
+TEST_CASE("shm single copy: a rank killed mid-call fails every survivor with peer_failed naming it") {
+  if (!cma_works()) return;
+  const std::size_t n = (std::size_t{4} << 20) / sizeof(float);
+  // copied: survivors then read its `in`; reduced: its `out`.
+  for (int at : {int{sd::detail::copied}, int{sd::detail::reduced}})
+    for (int p : {2, 3}) {
+      CAPTURE(at);
+      CAPTURE(p);
+      auto res = run_ranks(p, [&](communicator& base) {
+        dies_after c(std::move(base), 1, at);
+        std::vector<float> v(n, 1.0f);
+        try {
+          for (int i = 0; i < 3; ++i) sd::allreduce(c, v.data(), v.data(), n, gradsync::op::sum{});
+        } catch (...) { // stay a while (an application would go on): peers then blame only rank 1
+          std::this_thread::sleep_for(300ms);
+          throw;
+        }
+      }, test_min_env);
+      CHECK(res[1].signal == SIGKILL);
+      for (int r = 0; r < p; ++r) {
+        if (r == 1) continue;
+        INFO("rank " << r << ": " << res[static_cast<std::size_t>(r)].said);
+        CHECK(!res[static_cast<std::size_t>(r)].hung);
+        CHECK(res[static_cast<std::size_t>(r)].said.rfind("peer failed|", 0) == 0);
+        CHECK(contains(res[static_cast<std::size_t>(r)].said, "rank 1 (pid"));
+      }
+    }
+}
