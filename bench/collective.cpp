@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include <gradsync/algo/calibrate.hpp>
 #include <gradsync/collectives.hpp>
 
 #include "collective.hpp"
@@ -93,6 +94,10 @@ template <transport C> std::int64_t run_rank(C& c, const config& cfg) {
            "  warmup " + (cfg.warmup >= 0 ? std::to_string(cfg.warmup) : "auto (iterations / 5)") +
            "  time = max over ranks of the mean per call" +
            (cfg.group_size > 0 ? "  group size " + std::to_string(cfg.group_size) : std::string()));
+  // Over shared memory: how this communicator moves messages, chosen when it
+  // joined (single copy by cross-memory attach, or through the arena).
+  if constexpr (requires { c.single_copy(); })
+    rep.attribute("shm copy", "shm_copy", c.single_copy() ? "single (cma)" : "arena");
   const cost_model& m = sel.model();
   rep.calibration({{"local_alpha", m.local.alpha}, {"local_beta", m.local.beta}, {"local_gamma", m.local.gamma},
                    {"global_alpha", m.global.alpha}, {"global_beta", m.global.beta},

@@ -114,7 +114,7 @@ std::size_t workspace_bytes(const C& c, coll k, const shape& s, const options& o
 }
 
 // What a row ran and the calibrated model's time for it, from the library's
-// own choice functions (what `automatic` resolves to is what ran).
+// public plan queries (what `automatic` resolves to is what ran).
 struct prediction {
   std::string picked;           // empty for native
   std::optional<double> micros; // none: native, or the model has no formula
@@ -123,27 +123,34 @@ struct prediction {
 template <element T, transport C>
 prediction predict(const C& c, coll k, const algo_choice& a, const options& o, const shape& s, const selector& sel) {
   if (a.native) return {};
-  const std::size_t seg = ::gradsync::detail::segment_bytes(o);
+  const std::size_t seg = o.segment();
+  const cost_model& m = sel.model();
   auto us = [](double sec) { return std::isfinite(sec) ? std::optional<double>(sec * 1e6) : std::nullopt; };
+  auto row = [&](algorithm x, double sec) { return prediction{std::string(algorithm_name(x)), us(sec)}; };
   switch (k) {
   case coll::allreduce: {
     const algorithm x = allreduce_algorithm<T>(c, s.in_n, o);
-    return {std::string(algorithm_name(x)), us(sel.model().allreduce(x, s.bytes, topology_of(c, o), seg))};
+    return row(x, m.allreduce(x, s.bytes, topology_of(c, o), seg));
   }
-  case coll::broadcast:
+  case coll::broadcast: {
+    const algorithm x = broadcast_algorithm<T>(c, s.in_n, o);
+    return row(x, m.rooted(x, s.bytes, c.size(), false, seg)); // ring: the pipelined chain
+  }
   case coll::reduce: {
-    const bool red = k == coll::reduce;
-    const algorithm x = ::gradsync::detail::rooted_algorithm(c, s.bytes, red, o);
-    const bool modelled = x == algorithm::tree || x == algorithm::ring; // ring: the pipelined chain
-    return {std::string(algorithm_name(x)),
-            modelled ? us(sel.model().rooted(x, s.bytes, c.size(), red, seg)) : std::nullopt};
+    const algorithm x = reduce_algorithm<T>(c, s.in_n, o);
+    return row(x, m.rooted(x, s.bytes, c.size(), true, seg));
   }
-  case coll::reduce_scatter:
-  case coll::allgather: break; // ring, or the arena over shared memory; no model
+  // s.bytes is the whole input (reduce_scatter) or output (allgather), as the model takes it.
+  case coll::reduce_scatter: {
+    const algorithm x = reduce_scatter_algorithm<T>(c, s.out_n, o);
+    return row(x, m.scatter_gather(x, s.bytes, topology_of(c, o), true));
   }
-  algorithm x = o.algo;
-  if (x == algorithm::automatic) x = algo::shm_direct::arena_transport<C> ? algorithm::direct : algorithm::ring;
-  return {std::string(algorithm_name(x)), std::nullopt};
+  case coll::allgather: {
+    const algorithm x = allgather_algorithm<T>(c, s.in_n, o);
+    return row(x, m.scatter_gather(x, s.bytes, topology_of(c, o), false));
+  }
+  }
+  return {};
 }
 
 // One call of the collective under test.

@@ -178,6 +178,11 @@ void report::calibration(const model_params& params) {
   note(text);
 }
 
+void report::attribute(const std::string& label, const std::string& key, const std::string& value) {
+  attributes_.emplace_back(key, value);
+  note(label + ": " + value);
+}
+
 void report::header() {
   if (!active_) return;
   std::printf("#\n");
@@ -199,6 +204,7 @@ void report::add(const row& r) {
     if (r.wrong >= 0) j["wrong"] = r.wrong;
     j["model_us"] = r.model_us ? nlohmann::json(*r.model_us) : nlohmann::json(nullptr);
     j["picked"] = r.picked.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.picked);
+    for (const auto& [k, v] : attributes_) j[k] = v;
     if (!calibration_.empty()) {
       nlohmann::json cal = nlohmann::json::object();
       for (const auto& [k, v] : calibration_) cal[k] = v;

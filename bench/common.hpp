@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -118,6 +119,9 @@ public:
   /// The calibrated model: printed as a note, and an object "calibration"
   /// in every JSON line from now on.
   void calibration(const model_params& params);
+  /// A property of the whole run: printed as a note ("label: value"), and
+  /// `key: value` in every JSON line from now on.
+  void attribute(const std::string& label, const std::string& key, const std::string& value);
   /// The column header.
   void header();
   /// A table row (and its JSON line).
@@ -132,6 +136,7 @@ private:
   std::FILE* json_ = nullptr;
   std::vector<row> rows_;
   model_params calibration_;
+  std::vector<std::pair<std::string, std::string>> attributes_;
 };
 
 } // namespace gradsync::bench

@@ -193,8 +193,10 @@ struct cost_model {
     return std::numeric_limits<double>::infinity();
   }
   /// Predicted seconds of a broadcast (`reduce`: false) or reduce of `bytes`
-  /// from/to one root: `tree` is the binomial tree, `ring` the pipelined chain.
+  /// from/to one root: `tree` is the binomial tree, `ring` the pipelined
+  /// chain; infinity for any other (no such rooted schedule).
   double rooted(algorithm a, std::size_t bytes, int p, bool reduce, std::size_t seg) const {
+    if (a != algorithm::tree && a != algorithm::ring) return std::numeric_limits<double>::infinity();
     if (p <= 1) return 0;
     const auto n = static_cast<double>(bytes);
     const link_cost& l = local;
