@@ -15,7 +15,7 @@
 namespace gradsync::detail {
 
 /// `prefix` followed by 32 hex digits of kernel randomness; a getrandom
-/// failure throws gradsync::error naming `op` and `rank`.
+/// failure throws gradsync::error (errc::internal) naming `op` and `rank`.
 inline std::string random_name(std::string_view prefix, const char* op, int rank) {
   unsigned char b[16];
   std::size_t got = 0;
@@ -23,7 +23,7 @@ inline std::string random_name(std::string_view prefix, const char* op, int rank
     const ssize_t r = getrandom(b + got, sizeof b - got, 0);
     if (r < 0) {
       if (errno == EINTR) continue;
-      throw error(op, rank, -1, "getrandom failed: " + sys_error(errno));
+      throw error(errc::internal, op, rank, -1, "getrandom failed: " + sys_error(errno));
     }
     got += static_cast<std::size_t>(r);
   }

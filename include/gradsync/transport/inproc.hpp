@@ -24,6 +24,7 @@
 #include "../core/error.hpp"
 #include "../core/futex.hpp"
 #include "../core/policy.hpp"
+#include "capabilities.hpp"
 #include "transport.hpp"
 
 namespace gradsync::inproc {
@@ -37,6 +38,8 @@ struct op_state {
   std::atomic<std::uint32_t> sleeping{0}; // a waiter may be blocked in the kernel
   mailbox* box = nullptr; // where it waits while unmatched
   std::string error; // written before `done` is released
+  errc kind = errc::internal; // of `error`
+  std::size_t received = 0;   // a receive's byte count, written before `done`
   const char* op = "";
   int rank = -1, peer = -1;
 };
@@ -45,8 +48,9 @@ struct posted {
   int peer; // the other side: source for a receive, destination for a send
   int tag;
   std::byte* data; // a send stores its const buffer here; it is never written
-  std::size_t bytes;
+  std::size_t bytes; // a receive's capacity when `upto`
   std::shared_ptr<op_state> st;
+  bool upto = false; // a receive of up to `bytes`
 };
 
 struct mailbox {
@@ -56,8 +60,9 @@ struct mailbox {
 };
 
 // Blocking with a deadline needs the futex directly (core/futex.hpp).
-inline void complete(op_state& s, std::string err = {}) {
+inline void complete(op_state& s, std::string err = {}, errc kind = errc::internal) {
   s.error = std::move(err);
+  s.kind = kind;
   s.done.store(1); // seq_cst pairs with the waiter's store to `sleeping`
   if (s.sleeping.load()) gradsync::detail::futex_wake(s.done, gradsync::detail::futex_scope::process_private);
 }
@@ -96,15 +101,16 @@ public:
     }
     for (auto& b : boxes_) {
       std::lock_guard g(b.m);
-      for (auto& p : b.sends) detail::complete(*p.st, "aborted: " + reason);
-      for (auto& p : b.recvs) detail::complete(*p.st, "aborted: " + reason);
+      for (auto& p : b.sends) detail::complete(*p.st, "aborted: " + reason, errc::aborted);
+      for (auto& p : b.recvs) detail::complete(*p.st, "aborted: " + reason, errc::aborted);
       b.sends.clear();
       b.recvs.clear();
     }
   }
   bool aborted() const noexcept { return aborted_.load(); }
   bool spin() const noexcept { return spin_; }
-  /// How long any wait blocks before failing (default policy::default_timeout).
+  /// How long any wait blocks before failing (default policy::default_timeout),
+  /// for every communicator that has not set its own.
   void set_timeout(std::chrono::milliseconds t) noexcept { timeout_ms_.store(t.count()); }
   std::chrono::milliseconds timeout() const noexcept {
     return std::chrono::milliseconds(timeout_ms_.load());
@@ -131,12 +137,14 @@ public:
   request() = default;
   request(std::shared_ptr<detail::op_state> s, bool spin, std::chrono::milliseconds timeout)
       : s_(std::move(s)), timeout_(timeout), spin_(spin) {}
-  request(request&& o) noexcept : s_(std::move(o.s_)), timeout_(o.timeout_), spin_(o.spin_) {}
+  request(request&& o) noexcept
+      : s_(std::move(o.s_)), timeout_(o.timeout_), received_(o.received_), spin_(o.spin_) {}
   request& operator=(request&& o) noexcept {
     if (this != &o) {
       cancel();
       s_ = std::move(o.s_);
       timeout_ = o.timeout_;
+      received_ = o.received_;
       spin_ = o.spin_;
     }
     return *this;
@@ -154,7 +162,8 @@ public:
     return true;
   }
   /// Blocks until complete; throws gradsync::error if the operation failed
-  /// or the peer did not match it within the world's timeout.
+  /// or the peer did not match it within the communicator's timeout
+  /// (errc::timeout).
   void wait() {
     if (!s_) return;
     if (spin_)
@@ -165,15 +174,16 @@ public:
       const auto s = s_;
       cancel(); // withdraws it (the peer can no longer touch our buffer) unless just matched
       if (s->done.load() == 0)
-        throw error(s->op, s->rank, s->peer,
-                    "timed out after " + std::to_string(timeout_.count()) +
-                        " ms waiting for the peer (does every rank call the same collective "
-                        "with the same count, root and options?)");
-      if (!s->error.empty()) throw error(s->op, s->rank, s->peer, s->error);
+        throw error(errc::timeout, s->op, s->rank, s->peer, gradsync::detail::timed_out(timeout_));
+      if (!s->error.empty()) throw error(s->kind, s->op, s->rank, s->peer, s->error);
+      received_ = s->received;
       return;
     }
     finish();
   }
+  /// Bytes received (a receive, once wait() returned or test() returned true;
+  /// for a send, 0).
+  std::size_t received() const noexcept { return received_; }
 
 private:
   void cancel() noexcept {
@@ -195,10 +205,12 @@ private:
   }
   void finish() {
     auto s = std::move(s_);
-    if (!s->error.empty()) throw error(s->op, s->rank, s->peer, s->error);
+    if (!s->error.empty()) throw error(s->kind, s->op, s->rank, s->peer, s->error);
+    received_ = s->received;
   }
   std::shared_ptr<detail::op_state> s_;
   std::chrono::milliseconds timeout_ = policy::default_timeout;
+  std::size_t received_ = 0;
   bool spin_ = true;
 };
 
@@ -216,6 +228,20 @@ public:
   int size() const noexcept { return w_->size(); }
   world& group() const noexcept { return *w_; }
 
+  /// How long this rank's waits block before failing: its own value once
+  /// set_timeout was called, else the world's (world::set_timeout).
+  std::chrono::milliseconds timeout() const noexcept {
+    return own_timeout_ ? timeout_ : w_->timeout();
+  }
+  /// Sets this communicator's timeout (other ranks keep theirs).
+  void set_timeout(std::chrono::milliseconds t) noexcept {
+    timeout_ = t;
+    own_timeout_ = true;
+  }
+  /// Fails every pending and future operation of every rank of the world
+  /// with `reason` (errc::aborted); blocked waits are woken.
+  void abort(const std::string& reason) { w_->abort("rank " + std::to_string(rank_) + " aborted: " + reason); }
+
   /// Posts a send of `data` to `peer`. The buffer must stay valid until the
   /// request completes (i.e. until the receiver has copied it).
   request isend(std::span<const std::byte> data, int peer, int tag) {
@@ -229,33 +255,41 @@ public:
       if (w_->aborted()) return failed(st);
       if (!take(box.recvs, rank_, tag, other)) {
         box.sends.push_back(std::move(mine));
-        return request(st, w_->spin(), w_->timeout());
+        return request(st, w_->spin(), timeout());
       }
     }
     transfer(mine, other, /*send_st=*/*st, /*recv_st=*/*other.st, peer, rank_);
-    return request(st, w_->spin(), w_->timeout());
+    return request(st, w_->spin(), timeout());
   }
 
   /// Posts a receive of exactly `data.size()` bytes from `peer`.
-  request irecv(std::span<std::byte> data, int peer, int tag) {
+  request irecv(std::span<std::byte> data, int peer, int tag) { return post_recv(data, peer, tag, false); }
+
+  /// Posts a receive of at most `capacity.size()` bytes from `peer`; the
+  /// request's received() says how many arrived. A larger message fails
+  /// both sides with errc::mismatch.
+  request irecv_upto(std::span<std::byte> capacity, int peer, int tag) {
+    return post_recv(capacity, peer, tag, true);
+  }
+
+private:
+  request post_recv(std::span<std::byte> data, int peer, int tag, bool upto) {
     check_peer("inproc.recv", peer);
     auto& box = w_->boxes_[static_cast<std::size_t>(rank_)];
     auto st = make_state("inproc.recv", peer, box);
-    detail::posted mine{peer, tag, data.data(), data.size(), st};
+    detail::posted mine{peer, tag, data.data(), data.size(), st, upto};
     detail::posted other;
     {
       std::lock_guard g(box.m);
       if (w_->aborted()) return failed(st);
       if (!take(box.sends, peer, tag, other)) {
         box.recvs.push_back(std::move(mine));
-        return request(st, w_->spin(), w_->timeout());
+        return request(st, w_->spin(), timeout());
       }
     }
     transfer(other, mine, *other.st, *st, rank_, peer);
-    return request(st, w_->spin(), w_->timeout());
+    return request(st, w_->spin(), timeout());
   }
-
-private:
   static bool take(std::deque<detail::posted>& q, int peer, int tag, detail::posted& out) {
     for (auto it = q.begin(); it != q.end(); ++it)
       if (it->peer == peer && it->tag == tag) {
@@ -268,17 +302,14 @@ private:
   // Copies a matched pair outside any lock, then releases both sides.
   static void transfer(const detail::posted& send, const detail::posted& recv,
                        detail::op_state& send_st, detail::op_state& recv_st, int dst, int src) {
-    if (send.bytes != recv.bytes) {
-      const std::string why = "message size mismatch: rank " + std::to_string(src) + " sent " +
-                              std::to_string(send.bytes) + " bytes, rank " +
-                              std::to_string(dst) + " posted a receive of " +
-                              std::to_string(recv.bytes) + " bytes (tag " +
-                              std::to_string(send.tag) + ")";
-      detail::complete(recv_st, why);
-      detail::complete(send_st, why);
+    if (recv.upto ? send.bytes > recv.bytes : send.bytes != recv.bytes) {
+      const std::string why = gradsync::detail::size_mismatch(src, send.bytes, dst, recv.bytes, send.tag, recv.upto);
+      detail::complete(recv_st, why, errc::mismatch);
+      detail::complete(send_st, why, errc::mismatch);
       return;
     }
     if (send.bytes != 0) std::memcpy(recv.data, send.data, send.bytes);
+    recv_st.received = send.bytes;
     detail::complete(recv_st);
     detail::complete(send_st);
   }
@@ -292,8 +323,8 @@ private:
     return st;
   }
   request failed(std::shared_ptr<detail::op_state> st) {
-    detail::complete(*st, "aborted: " + w_->reason());
-    return request(std::move(st), false, w_->timeout());
+    detail::complete(*st, "aborted: " + w_->reason(), errc::aborted);
+    return request(std::move(st), false, timeout());
   }
   void check_peer(const char* op, int peer) const {
     GRADSYNC_REQUIRE(peer >= 0 && peer < size(), op, rank_,
@@ -301,9 +332,14 @@ private:
   }
   std::shared_ptr<world> w_;
   int rank_;
+  std::chrono::milliseconds timeout_{0};
+  bool own_timeout_ = false;
 };
 
 static_assert(transport<communicator>);
+static_assert(upto_receiver<communicator> && abortable<communicator> && timed<communicator>);
+static_assert(!node_map<communicator> && !shared_arena<communicator> && !device_memory<communicator> &&
+              !stream_ordered<communicator>);
 
 /// Runs `fn(comm)` on `ranks` threads, one per rank of a fresh world, and
 /// returns when all have finished. If any rank throws, the world is aborted

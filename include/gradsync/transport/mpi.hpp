@@ -22,6 +22,7 @@
 #include "../core/ops.hpp"
 #include "../core/policy.hpp"
 #include "../core/reduce.hpp"
+#include "capabilities.hpp"
 #include "transport.hpp"
 
 namespace gradsync::mpi {
@@ -64,7 +65,7 @@ inline std::string error_string(int code) {
 }
 
 inline void check(int rc, const char* op, int rank, int peer = -1) {
-  if (rc != MPI_SUCCESS) throw error(op, rank, peer, error_string(rc));
+  if (rc != MPI_SUCCESS) throw error(errc::internal, op, rank, peer, error_string(rc));
 }
 
 inline bool initialized() {
@@ -121,6 +122,8 @@ public:
       rank_ = o.rank_;
       peer_ = o.peer_;
       recv_ = o.recv_;
+      upto_ = o.upto_;
+      received_ = o.received_;
       timeout_ = o.timeout_;
       o.reqs_.clear();
     }
@@ -132,8 +135,9 @@ public:
   /// afterwards); an abandoned send is released to complete on its own.
   ~request() { abandon(); }
 
-  /// Blocks until every part completed; throws on failure, size mismatch, or
-  /// when the peer has not matched it within the communicator's timeout.
+  /// Blocks until every part completed; throws on failure (errc::internal),
+  /// size mismatch (errc::mismatch), or when the peer has not matched it
+  /// within the communicator's timeout (errc::timeout).
   void wait() {
     if (reqs_.empty()) return;
     detail::world_errors_return guard;
@@ -145,10 +149,7 @@ public:
         const auto waited = clock::now() - start;
         if (waited > timeout_) {
           abandon();
-          throw error(op_, rank_, peer_,
-                      "timed out after " + std::to_string(timeout_.count()) +
-                          " ms waiting for the peer (does every rank call the same collective "
-                          "with the same count, root and options?)");
+          throw error(errc::timeout, op_, rank_, peer_, gradsync::detail::timed_out(timeout_));
         }
         if (waited > std::chrono::microseconds(200)) sched_yield(); // be fair when oversubscribed
       }
@@ -160,6 +161,9 @@ public:
     detail::world_errors_return guard;
     return poll();
   }
+  /// Bytes received (a receive, once wait() returned or test() returned true;
+  /// for a send, 0).
+  std::size_t received() const noexcept { return received_; }
 
 private:
   friend class communicator;
@@ -177,10 +181,11 @@ private:
         int cls = MPI_ERR_OTHER;
         MPI_Error_class(rc, &cls);
         if (cls == MPI_ERR_TRUNCATE)
-          throw error(op_, rank_, peer_,
+          throw error(errc::mismatch, op_, rank_, peer_,
                       "message size mismatch: a message larger than the posted receive of " +
-                          std::to_string(sizes_[i]) + " bytes arrived (part " + std::to_string(i) + ")");
-        throw error(op_, rank_, peer_, detail::error_string(rc));
+                          std::string(upto_ ? "up to " : "") + std::to_string(sizes_[i]) + " bytes arrived (part " +
+                          std::to_string(i) + ")");
+        throw error(errc::internal, op_, rank_, peer_, detail::error_string(rc));
       }
       if (!flag) return false;
     }
@@ -188,17 +193,20 @@ private:
     finish();
     return true;
   }
-  void finish() const {
+  void finish() {
     if (!recv_) return;
+    std::size_t total = 0;
     for (std::size_t i = 0; i < st_.size(); ++i) {
       int got = 0;
-      MPI_Get_count(&st_[i], MPI_BYTE, &got);
-      if (static_cast<std::size_t>(got) != sizes_[i])
-        throw error(op_, rank_, peer_,
+      detail::check(MPI_Get_count(&st_[i], MPI_BYTE, &got), op_, rank_, peer_);
+      total += static_cast<std::size_t>(got);
+      if (!upto_ && static_cast<std::size_t>(got) != sizes_[i])
+        throw error(errc::mismatch, op_, rank_, peer_,
                     "message size mismatch: received " + std::to_string(got) +
                         " bytes where a receive of " + std::to_string(sizes_[i]) +
                         " bytes was posted (part " + std::to_string(i) + ")");
     }
+    received_ = total;
   }
   void abandon() noexcept {
     if (reqs_.empty()) return;
@@ -220,6 +228,8 @@ private:
   const char* op_ = "";
   int rank_ = -1, peer_ = -1;
   bool recv_ = false;
+  bool upto_ = false; // a receive of up to sizes_[0] bytes (one part)
+  std::size_t received_ = 0;
   std::chrono::milliseconds timeout_ = policy::default_timeout;
 };
 
@@ -299,9 +309,23 @@ public:
   request irecv(std::span<std::byte> data, int peer, int tag) {
     return post(false, data.data(), data.size(), peer, tag);
   }
+  /// Posts a receive of at most `capacity.size()` bytes from `peer`; the
+  /// request's received() says how many arrived. A larger message fails this
+  /// receive with errc::mismatch (MPI cannot tell the sender, whose send
+  /// completes). The capacity must be below policy::mpi_max_message_bytes:
+  /// a larger transfer travels as several messages, and a receiver that does
+  /// not know the size could not tell where it ends.
+  request irecv_upto(std::span<std::byte> capacity, int peer, int tag) {
+    GRADSYNC_REQUIRE(capacity.size() < policy::mpi_max_message_bytes, "mpi.recv", rank_,
+                     "irecv_upto capacity of " + std::to_string(capacity.size()) +
+                         " bytes is not below policy::mpi_max_message_bytes (" +
+                         std::to_string(policy::mpi_max_message_bytes) + ")",
+                     peer);
+    return post(false, capacity.data(), capacity.size(), peer, tag, true);
+  }
 
 private:
-  request post(bool is_send, std::byte* p, std::size_t n, int peer, int tag) {
+  request post(bool is_send, std::byte* p, std::size_t n, int peer, int tag, bool upto = false) {
     const char* op = is_send ? "mpi.send" : "mpi.recv";
     GRADSYNC_REQUIRE(peer >= 0 && peer < size_, op, rank_,
             "peer " + std::to_string(peer) + " out of range [0, " + std::to_string(size_) + ")");
@@ -310,6 +334,7 @@ private:
     r.rank_ = rank_;
     r.peer_ = peer;
     r.recv_ = !is_send;
+    r.upto_ = upto;
     r.timeout_ = timeout_;
     const std::size_t chunk = policy::mpi_max_message_bytes;
     std::size_t off = 0;
@@ -337,6 +362,10 @@ private:
 };
 
 static_assert(transport<communicator>);
+static_assert(upto_receiver<communicator> && node_map<communicator> && timed<communicator>);
+// No abort: MPI cannot free another rank's blocked call short of MPI_Abort.
+static_assert(!abortable<communicator> && !shared_arena<communicator> && !device_memory<communicator> &&
+              !stream_ordered<communicator>);
 
 /// RAII MPI lifetime for programs that want gradsync to manage it: initialises
 /// MPI unless the program already did, and finalises it only if it initialised it.
@@ -367,7 +396,7 @@ private:
       return;
     }
     const int rc = MPI_Init_thread(argc, argv, required, &provided_);
-    if (rc != MPI_SUCCESS) throw error("mpi.session", -1, -1, detail::error_string(rc));
+    if (rc != MPI_SUCCESS) throw error(errc::internal, "mpi.session", -1, -1, detail::error_string(rc));
     owner_ = true;
   }
   bool owner_ = false;

@@ -38,7 +38,7 @@ inline communicator from_mpi(MPI_Comm comm) {
     if (rank == 0) mine.copy(buf, sizeof buf - 1);
     gradsync::mpi::detail::check(MPI_Bcast(buf, sizeof buf, MPI_CHAR, 0, comm), op, rank);
     const std::string name(buf);
-    GRADSYNC_REQUIRE(!name.empty(), op, rank, "rank 0 could not create the shared segment");
+    if (name.empty()) throw error(errc::peer_failed, op, rank, 0, "rank 0 could not create the shared segment");
     return name;
   });
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <span>
@@ -13,16 +14,10 @@
 #include <vector>
 
 #include "../core/error.hpp"
+#include "capabilities.hpp"
 #include "transport.hpp"
 
 namespace gradsync {
-
-/// A transport that knows which node (host) each rank runs on; hierarchical
-/// schedules group ranks by it.
-template <class C>
-concept node_aware = transport<C> && requires(const C& c, int r) {
-  { c.node_of(r) } -> std::convertible_to<int>;
-};
 
 /// Ranks split into groups, each listed in ascending rank order; groups are
 /// ordered by their lowest rank.
@@ -117,11 +112,35 @@ public:
   auto irecv(std::span<std::byte> data, int peer, int tag) {
     return parent_->irecv(data, to_parent(peer, "subgroup.recv"), tag + shift_);
   }
+  /// Receive of up to `capacity.size()` bytes, when the parent has it.
+  auto irecv_upto(std::span<std::byte> capacity, int peer, int tag)
+    requires upto_receiver<C>
+  {
+    return parent_->irecv_upto(capacity, to_parent(peer, "subgroup.recv"), tag + shift_);
+  }
   /// Node of local rank `r`, when the parent knows nodes.
   int node_of(int r) const
-    requires node_aware<C>
+    requires node_map<C>
   {
     return parent_->node_of(parent_rank(r));
+  }
+  /// Aborts the parent (every rank of it, not only this view's), when the
+  /// parent can abort.
+  void abort(const std::string& reason)
+    requires abortable<C>
+  {
+    parent_->abort(reason);
+  }
+  /// The parent's timeout (a view has none of its own), when it has one.
+  std::chrono::milliseconds timeout() const
+    requires timed<C>
+  {
+    return parent_->timeout();
+  }
+  void set_timeout(std::chrono::milliseconds t)
+    requires timed<C>
+  {
+    parent_->set_timeout(t);
   }
 
 private:
@@ -135,5 +154,13 @@ private:
   int shift_ = 0;
   int rank_ = 0;
 };
+
+namespace detail {
+// A view has exactly the capabilities of its parent that it can forward.
+template <class C>
+inline constexpr bool subgroup_forwards =
+    upto_receiver<subgroup<C>> == upto_receiver<C> && node_map<subgroup<C>> == node_map<C> &&
+    abortable<subgroup<C>> == abortable<C> && timed<subgroup<C>> == timed<C> && !shared_arena<subgroup<C>>;
+} // namespace detail
 
 } // namespace gradsync

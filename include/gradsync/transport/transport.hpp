@@ -1,10 +1,14 @@
 // gradsync: the transport concept. Algorithms are schedules over these few
-// primitives and never know which transport runs them.
+// primitives and never know which transport runs them. Optional capabilities
+// (node map, shared arena, abort, timeouts, receive up to a capacity, device
+// memory, stream order) are named concepts in capabilities.hpp.
 #pragma once
 
+#include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <span>
+#include <string>
 #include <string_view>
 #include <utility>
 
@@ -22,8 +26,9 @@ concept completion = std::movable<R> && requires(R r) {
 /// ranges by nonblocking send/receive. Messages between one pair of ranks with
 /// one tag are matched in the order they were posted (MPI's non-overtaking
 /// rule). A receive must be posted with exactly the size of the matching
-/// send; a mismatch fails the receive (inproc and shm: both sides) with an
-/// error naming the sizes. Buffers must stay valid and unmodified until the
+/// send (capabilities.hpp's upto_receiver relaxes this); a mismatch fails the
+/// receive (inproc and shm: both sides) with an errc::mismatch error naming
+/// the sizes. Buffers must stay valid and unmodified until the
 /// operation completes. After a collective has failed on a communicator,
 /// discard the communicator: unmatched messages of the failed call may remain.
 template <class C>
@@ -36,13 +41,22 @@ concept transport = requires(C& c, std::span<const std::byte> s, std::span<std::
   { c.irecv(d, peer, tag) } -> completion;
 };
 
-/// Per-transport capabilities. A stream-ordered backend (NCCL) specialises this
-/// with `stream_ordered = true`: its operations are enqueued on a device stream
-/// and complete in stream order, so schedules must not wait on the host between
-/// dependent steps.
-template <class C> struct transport_traits {
-  static constexpr bool stream_ordered = false;
-};
+namespace detail {
+
+// The reasons every transport gives for its common failures, worded alike.
+inline std::string size_mismatch(int src, std::size_t sent, int dst, std::size_t posted, int tag,
+                                 bool upto = false) {
+  return "message size mismatch: rank " + std::to_string(src) + " sent " + std::to_string(sent) +
+         " bytes, rank " + std::to_string(dst) + " posted a receive of " + (upto ? "up to " : "") +
+         std::to_string(posted) + " bytes (tag " + std::to_string(tag) + ")";
+}
+inline std::string timed_out(std::chrono::milliseconds t) {
+  return "timed out after " + std::to_string(t.count()) +
+         " ms waiting for the peer (does every rank call the same collective with the same count, "
+         "root and options?)";
+}
+
+} // namespace detail
 
 /// Views a typed span as bytes.
 template <class T> std::span<const std::byte> bytes_of(std::span<const T> s) {

@@ -52,11 +52,11 @@
 #include <thread>
 #include <utility>
 
-#include "../../core/cross_memory.hpp"
 #include "../../core/error.hpp"
 #include "../../core/policy.hpp"
 #include "../../core/process.hpp"
 #include "../../core/timed_choice.hpp"
+#include "../capabilities.hpp"
 #include "../transport.hpp"
 #include "arena.hpp"
 #include "engine.hpp"
@@ -69,12 +69,13 @@ class request {
 public:
   request() = default;
   request(std::shared_ptr<detail::engine> e, detail::op_ptr s) : e_(std::move(e)), s_(std::move(s)) {}
-  request(request&& o) noexcept : e_(std::move(o.e_)), s_(std::move(o.s_)) {}
+  request(request&& o) noexcept : e_(std::move(o.e_)), s_(std::move(o.s_)), received_(o.received_) {}
   request& operator=(request&& o) noexcept {
     if (this != &o) {
       abandon();
       e_ = std::move(o.e_);
       s_ = std::move(o.s_);
+      received_ = o.received_;
     }
     return *this;
   }
@@ -91,13 +92,18 @@ public:
     finish();
     return true;
   }
-  /// Blocks until complete; throws gradsync::error if the operation failed,
-  /// its peer died or left, or it was not matched within the timeout.
+  /// Blocks until complete; throws gradsync::error if the operation failed
+  /// (errc::mismatch, errc::aborted), its peer died or left
+  /// (errc::peer_failed), or it was not matched within the timeout
+  /// (errc::timeout).
   void wait() {
     if (!s_) return;
     e_->wait(*s_);
     finish();
   }
+  /// Bytes received (a receive, once wait() returned or test() returned true;
+  /// for a send, 0).
+  std::size_t received() const noexcept { return received_; }
 
 private:
   void abandon() noexcept {
@@ -109,10 +115,12 @@ private:
     auto s = std::move(s_);
     auto e = std::move(e_);
     if (!s->error.empty())
-      throw error(s->is_send ? "shm.send" : "shm.recv", e->rank(), s->peer, s->error);
+      throw error(s->error_kind, s->is_send ? "shm.send" : "shm.recv", e->rank(), s->peer, s->error);
+    received_ = s->received;
   }
   std::shared_ptr<detail::engine> e_;
   detail::op_ptr s_;
+  std::size_t received_ = 0;
 };
 
 /// One rank's endpoint of a shared-memory group.
@@ -127,7 +135,6 @@ public:
   communicator(const std::filesystem::path& dir, int rank, int size) {
     check_args(rank, size);
     const int stores = stores_setting(rank);
-    const std::uint64_t single_copy = cma::min_bytes_setting("shm.communicator", rank); // (before the group forms)
     std::error_code ec;
     GRADSYNC_REQUIRE(std::filesystem::is_directory(dir, ec), "shm.communicator", rank,
             "rendezvous directory " + dir.string() + " does not exist");
@@ -147,20 +154,20 @@ public:
         f.close();
         if (!f) {
           ::shm_unlink(seg->name().c_str());
-          throw error("shm.communicator", rank, -1, "cannot write rendezvous file in " + dir.string());
+          throw error(errc::internal, "shm.communicator", rank, -1, "cannot write rendezvous file in " + dir.string());
         }
       }
       std::filesystem::rename(tmp, file, ec); // atomic publication
       if (ec) {
         ::shm_unlink(seg->name().c_str());
         std::filesystem::remove(tmp, ec);
-        throw error("shm.communicator", rank, -1, "cannot publish rendezvous file " + file.string());
+        throw error(errc::internal, "shm.communicator", rank, -1, "cannot publish rendezvous file " + file.string());
       }
     } else {
       attach_from_file(*seg, file, rank, size);
     }
     detail::join(*seg, rank, size, cleanup);
-    start(std::move(seg), rank, size, stores, single_copy);
+    start(std::move(seg), rank, size, stores);
   }
 
   /// Joins a group bootstrapped by any out-of-band channel: `share(name)` is
@@ -169,7 +176,6 @@ public:
   communicator(int rank, int size, const std::function<std::string(const std::string&)>& share) {
     check_args(rank, size);
     const int stores = stores_setting(rank);
-    const std::uint64_t single_copy = cma::min_bytes_setting("shm.communicator", rank); // (before the group forms)
     auto seg = std::make_unique<detail::segment>();
     if (rank == 0) {
       try {
@@ -189,11 +195,11 @@ public:
       }
     } else {
       const std::string nm = share(std::string());
-      const std::string why = seg->attach(nm, size, rank);
-      GRADSYNC_REQUIRE(why.empty(), "shm.communicator", rank, "cannot attach: " + why);
+      const auto r = seg->attach(nm, size, rank);
+      if (!r.ok()) throw error(r.kind, "shm.communicator", rank, -1, "cannot attach: " + r.why);
     }
     detail::join(*seg, rank, size, nullptr);
-    start(std::move(seg), rank, size, stores, single_copy);
+    start(std::move(seg), rank, size, stores);
   }
 
   communicator(communicator&&) noexcept = default;
@@ -216,6 +222,12 @@ public:
   /// Posts a receive of exactly `data.size()` bytes from `peer`.
   request irecv(std::span<std::byte> data, int peer, int tag) {
     return request(e_, e_->post_recv(data.data(), data.size(), peer, tag));
+  }
+  /// Posts a receive of at most `capacity.size()` bytes from `peer`; the
+  /// request's received() says how many arrived. A larger message fails
+  /// both sides with errc::mismatch.
+  request irecv_upto(std::span<std::byte> capacity, int peer, int tag) {
+    return request(e_, e_->post_recv(capacity.data(), capacity.size(), peer, tag, true));
   }
 
   /// Fails every pending and future operation of every rank of the group
@@ -249,19 +261,6 @@ public:
   /// Arena rounds this rank has run (the same on every rank between calls).
   std::uint64_t& arena_epoch() noexcept { return arena_.epoch(); }
 
-  /// Whether collectives of at least single_copy_min_bytes() read peers'
-  /// buffers straight from their memory (cross-memory attach) instead of
-  /// copying through the arena. Settled when the group formed, the same on
-  /// every rank: every rank could read every peer, and none set
-  /// GRADSYNC_SHM_SINGLE_COPY=off.
-  bool single_copy() const noexcept { return arena_.single_copy_min() != cma::never; }
-  /// Smallest such call in bytes (cma::never without single copy): the
-  /// largest any rank asked for with GRADSYNC_SHM_SINGLE_COPY=<bytes>, else
-  /// policy::shm_single_copy_min_bytes.
-  std::uint64_t single_copy_min_bytes() const noexcept { return arena_.single_copy_min(); }
-  /// How large collectives move data, for reports: "cma" or "arena".
-  std::string_view copy_mode() const noexcept { return single_copy() ? "cma" : "arena"; }
-
 private:
   // GRADSYNC_SHM_STORES: auto (default), stream or plain; checked before the
   // group forms, so a bad value fails every rank alike instead of one.
@@ -280,31 +279,39 @@ private:
   static void attach_from_file(detail::segment& seg, const std::filesystem::path& file, int rank, int size) {
     const auto deadline = std::chrono::steady_clock::now() + policy::shm_attach_timeout;
     std::string why = "no rendezvous file " + file.string() + " (is rank 0 running?)";
+    errc kind = errc::timeout; // mismatch once the group found disagrees with this rank
     for (;;) {
       std::ifstream f(file);
       std::string nm;
       int n = 0, pid = 0;
       if (f >> nm >> n >> pid) {
         // A file of a crashed run names a dead creator or a vanished segment.
-        if (n != size) why = "rendezvous file names a group of " + std::to_string(n) + " ranks, not " + std::to_string(size);
-        else if (!gradsync::detail::process_alive(pid)) why = "rendezvous file is stale (creator pid " + std::to_string(pid) + " is gone)";
-        else if (auto w = seg.attach(nm, size, rank); !w.empty()) why = w;
-        else if (seg.hdr().creator_pid != pid) {
+        kind = errc::timeout;
+        if (n != size) {
+          why = "rendezvous file names a group of " + std::to_string(n) + " ranks, not " + std::to_string(size);
+          kind = errc::mismatch;
+        } else if (!gradsync::detail::process_alive(pid)) {
+          why = "rendezvous file is stale (creator pid " + std::to_string(pid) + " is gone)";
+        } else if (auto r = seg.attach(nm, size, rank); !r.ok()) {
+          why = r.why;
+          if (r.kind == errc::mismatch) kind = r.kind;
+        } else if (seg.hdr().creator_pid != pid) {
           why = "rendezvous file and segment disagree on the creator";
           seg.release();
-        } else return;
+        } else {
+          return;
+        }
       }
       if (std::chrono::steady_clock::now() > deadline)
-        throw error("shm.communicator", rank, -1,
+        throw error(kind, "shm.communicator", rank, -1,
                     "rendezvous in " + file.parent_path().string() + " failed: " + why);
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
 
-  void start(std::unique_ptr<detail::segment> seg, int rank, int size, int stores, std::uint64_t single_copy) {
+  void start(std::unique_ptr<detail::segment> seg, int rank, int size, int stores) {
     e_ = std::make_shared<detail::engine>(std::move(seg), rank, size);
     arena_ = detail::collective_arena(e_, stores);
-    arena_.agree_single_copy(single_copy);
   }
 
   std::shared_ptr<detail::engine> e_;
@@ -312,5 +319,8 @@ private:
 };
 
 static_assert(transport<communicator>);
+static_assert(upto_receiver<communicator> && shared_arena<communicator> && abortable<communicator> &&
+              timed<communicator>);
+static_assert(!node_map<communicator> && !device_memory<communicator> && !stream_ordered<communicator>);
 
 } // namespace gradsync::shm

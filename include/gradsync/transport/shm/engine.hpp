@@ -26,6 +26,7 @@
 #include "../../core/policy.hpp"
 #include "../../core/process.hpp"
 #include "../../core/stream_copy.hpp"
+#include "../transport.hpp"
 #include "layout.hpp"
 #include "segment.hpp"
 
@@ -41,10 +42,13 @@ using gradsync::detail::stream_copy;
 struct op_state {
   bool done = false;
   bool is_send = false;
+  bool upto = false;        // receive: of up to `bytes`
   std::string error;
+  errc error_kind = errc::internal; // of `error`
   int peer = -1, tag = 0;
   std::byte* buf = nullptr; // a send's buffer is only read
-  std::size_t bytes = 0;
+  std::size_t bytes = 0;    // a receive's capacity when `upto`
+  std::size_t received = 0; // receive: message size, once matched
   std::size_t written = 0;  // send: payload bytes in the ring
   std::size_t base = 0;     // send: offset of `buf` in the message (see owned)
   std::unique_ptr<std::byte[]> owned; // send: private copy of an abandoned tail
@@ -86,11 +90,10 @@ struct inbound { // peer -> this rank
   unexpected* early_msg = nullptr;
 };
 
-inline std::string mismatch(int src, std::size_t sent, int dst, std::size_t posted, int tag) {
-  return "message size mismatch: rank " + std::to_string(src) + " sent " + std::to_string(sent) +
-         " bytes, rank " + std::to_string(dst) + " posted a receive of " + std::to_string(posted) +
-         " bytes (tag " + std::to_string(tag) + ")";
-}
+using gradsync::detail::size_mismatch;
+
+// Whether a message of `total` bytes cannot go to receive `s`.
+inline bool misfit(std::size_t total, const op_state& s) { return s.upto ? total > s.bytes : total != s.bytes; }
 
 // One rank's progress engine over the segment.
 class engine {
@@ -135,8 +138,10 @@ public:
     return s;
   }
 
-  op_ptr post_recv(std::byte* data, std::size_t n, int peer, int tag) {
+  /// Posts a receive of exactly `n` bytes, or with `upto` of at most `n`.
+  op_ptr post_recv(std::byte* data, std::size_t n, int peer, int tag, bool upto = false) {
     auto s = make(false, data, n, peer, tag);
+    s->upto = upto;
     if (s->done) return s;
     pull(peer); // match against whatever already arrived
     auto& in = in_[idx(peer)];
@@ -169,22 +174,30 @@ public:
   }
 
   /// Fails every pending and future operation of every rank with `why`.
-  void abort(const std::string& why) { break_all("rank " + std::to_string(rank_) + " aborted: " + why, true); }
+  void abort(const std::string& why) {
+    break_all("rank " + std::to_string(rank_) + " aborted: " + why, true, errc::aborted);
+  }
 
   /// The mapped segment (the collective arena reads and writes it directly).
   const segment& seg() const noexcept { return *seg_; }
 
+  /// Why a wait gave up (`why` empty: it did not).
+  struct failure {
+    std::string why;
+    errc kind = errc::internal;
+  };
   /// Progresses until `done()` holds, with the same peer health checks and
-  /// timeout as a receive; returns why it gave up, or "" once done.
-  template <class Done> std::string wait_for(Done done) {
+  /// timeout as a receive.
+  template <class Done> failure wait_for(Done done) {
     op_state guard;
     block(guard, [&] { return guard.done || done(); });
-    return guard.error;
+    return {std::move(guard.error), guard.error_kind};
   }
 
-  /// Fails every pending operation here and on every other rank (once).
+  /// Fails every pending operation here and on every other rank (once);
+  /// they see errc::aborted.
   void fail_group(const std::string& why) {
-    if (!broken_) break_all(why, true);
+    if (!broken_) break_all(why, true, errc::aborted);
   }
 
   /// Withdraws an abandoned operation so the engine never touches its buffer
@@ -194,7 +207,7 @@ public:
     try {
       detach(*s);
     } catch (...) { // out of memory for the copy: the group cannot go on
-      break_all("rank " + std::to_string(rank_) + " could not detach an abandoned send", true);
+      break_all("rank " + std::to_string(rank_) + " could not detach an abandoned send", true, errc::internal);
     }
   }
 
@@ -235,7 +248,7 @@ private:
       if (now >= next_check) {
         check_health(s, now - start, done);
         next_check = now + policy::shm_liveness_interval;
-        if (broken_) fail(s, "aborted: " + broken_reason_);
+        if (broken_) fail(s, "aborted: " + broken_reason_, broken_kind_);
         if (done()) break;
       }
       // Sleep until a peer rings the bell (or the liveness interval passes).
@@ -261,13 +274,14 @@ private:
     s->bytes = n;
     s->peer = peer;
     s->tag = tag;
-    if (broken_) fail(*s, "aborted: " + broken_reason_);
+    if (broken_) fail(*s, "aborted: " + broken_reason_, broken_kind_);
     return s;
   }
 
-  static void fail(op_state& s, std::string why) {
+  static void fail(op_state& s, std::string why, errc kind) {
     if (s.done) return;
     s.error = std::move(why);
+    s.error_kind = kind;
     s.done = true;
   }
 
@@ -356,13 +370,27 @@ private:
     return moved;
   }
 
-  void answer(int q, kind k, std::uint64_t seq, std::size_t posted, int tag) {
+  void answer(int q, kind k, std::uint64_t seq, std::size_t posted, int tag, bool upto) {
     frame f{};
     f.kind = k;
     f.seq = seq;
     f.total = posted;
     f.tag = tag;
+    f.flags = upto ? upto_receive : 0;
     out_[idx(q)].ctrl.push_back(f);
+  }
+
+  // Answers message `seq` of `total` bytes from `q`, matched to receive `s`:
+  // acks it if it fits (returns true), else nacks it and fails `s`.
+  bool accept(int q, std::uint64_t seq, std::size_t total, int tag, op_state& s) {
+    if (misfit(total, s)) {
+      answer(q, nack, seq, s.bytes, tag, s.upto);
+      fail(s, size_mismatch(q, total, rank_, s.bytes, tag, s.upto), errc::mismatch);
+      return false;
+    }
+    answer(q, ack, seq, s.bytes, tag, s.upto);
+    s.received = total;
+    return true;
   }
 
   // ---- consumer side -------------------------------------------------------
@@ -379,16 +407,13 @@ private:
   // Hands an early message to receive `s` (posted now).
   void claim(inbound& in, unexpected& u, const op_ptr& s) {
     const bool streaming = in.open && in.early_msg == &u;
-    if (u.total != s->bytes) {
-      answer(s->peer, nack, u.seq, s->bytes, s->tag);
-      fail(*s, mismatch(s->peer, u.total, rank_, s->bytes, s->tag));
+    if (!accept(s->peer, u.seq, u.total, s->tag, *s)) {
       if (streaming) {
         in.dst = nullptr;
         in.early_msg = nullptr;
       }
       return;
     }
-    answer(s->peer, ack, u.seq, s->bytes, s->tag);
     if (u.received) std::memcpy(s->buf, u.data.get(), u.received);
     if (!streaming) {
       s->done = true;
@@ -415,9 +440,9 @@ private:
       case nack: on_answer(q, f); break;
       case first: open(q, in, f); [[fallthrough]];
       case more: {
-        GRADSYNC_REQUIRE(f.kind == first || in.open, "shm.recv", rank_, "corrupt frame stream", q);
+        if (f.kind != first && !in.open) corrupt(q, "a continuation frame without an open message");
         const std::size_t len = f.len;
-        GRADSYNC_REQUIRE(in.received + len <= in.total, "shm.recv", rank_, "corrupt frame stream", q);
+        if (in.received + len > in.total) corrupt(q, "more payload than the message size");
         std::byte* dst = in.dst ? in.dst + in.received : nullptr;
         if (f.total <= inline_bytes) {
           if (dst && len) std::memcpy(dst, f.payload, len);
@@ -429,7 +454,7 @@ private:
         if (in.received == in.total) close(in);
         break;
       }
-      default: GRADSYNC_REQUIRE(false, "shm.recv", rank_, "corrupt frame stream (kind " + std::to_string(f.kind) + ")", q);
+      default: corrupt(q, "frame kind " + std::to_string(f.kind));
       }
       in.head += f.kind == ack || f.kind == nack ? cell : frame_span(f.total, f.len);
       ctl.head.store(in.head, std::memory_order_release);
@@ -451,11 +476,7 @@ private:
       if ((*it)->tag != f.tag) continue;
       op_ptr s = *it;
       in.posted.erase(it);
-      if (s->bytes != f.total) {
-        answer(q, nack, f.seq, s->bytes, f.tag);
-        fail(*s, mismatch(q, f.total, rank_, s->bytes, f.tag));
-      } else {
-        answer(q, ack, f.seq, s->bytes, f.tag);
+      if (accept(q, f.seq, f.total, f.tag, *s)) {
         in.dst = s->buf;
         in.op = std::move(s);
       }
@@ -483,7 +504,8 @@ private:
     o.unacked.erase(it);
     s->acked = true;
     if (f.kind == nack) {
-      s->error = mismatch(rank_, s->bytes, q, static_cast<std::size_t>(f.total), f.tag);
+      s->error = size_mismatch(rank_, s->bytes, q, static_cast<std::size_t>(f.total), f.tag, f.flags & upto_receive);
+      s->error_kind = errc::mismatch;
       // The receiver discards the rest; stop streaming what nobody reads
       // only once it is all written (the receiver counts the bytes).
     }
@@ -497,7 +519,7 @@ private:
     auto& h = seg_->hdr();
     if (h.aborted.load(std::memory_order_acquire) == 2) {
       progress();
-      break_all(std::string(h.reason, strnlen(h.reason, sizeof h.reason)), false);
+      break_all(std::string(h.reason, strnlen(h.reason, sizeof h.reason)), false, static_cast<errc>(h.abort_kind));
       return;
     }
     for (int q = 0; q < size_; ++q) {
@@ -507,7 +529,8 @@ private:
       if (st != left && !process_alive(sl.pid.load(std::memory_order_relaxed))) {
         st = sl.state.load(std::memory_order_acquire); // it may have left just before exiting
         if (st != left) {
-          break_all("rank " + std::to_string(q) + " (pid " + std::to_string(sl.pid.load()) + ") died", true);
+          break_all("rank " + std::to_string(q) + " (pid " + std::to_string(sl.pid.load()) + ") died", true,
+                    errc::peer_failed);
           return;
         }
       }
@@ -517,14 +540,12 @@ private:
         if (done()) return;
         break_all("rank " + std::to_string(q) + " left the communicator while rank " +
                       std::to_string(rank_) + " waited for it",
-                  true);
+                  true, errc::peer_failed);
         return;
       }
     }
     if (waited > timeout) {
-      fail(s, "timed out after " + std::to_string(timeout.count()) +
-                  " ms waiting for the peer (does every rank call the same collective with "
-                  "the same count, root and options?)");
+      fail(s, gradsync::detail::timed_out(timeout), errc::timeout);
       abandon_after_timeout(s);
     }
   }
@@ -561,8 +582,13 @@ private:
     }
   }
 
-  // Fails every pending operation; with `announce`, tells every other rank.
-  void break_all(const std::string& why, bool announce) {
+  [[noreturn]] void corrupt(int q, const std::string& what) const {
+    throw error(errc::internal, "shm.recv", rank_, q, "corrupt frame stream: " + what);
+  }
+
+  // Fails every pending operation with `kind`; with `announce`, tells every
+  // other rank (which then fail theirs with the same kind).
+  void break_all(const std::string& why, bool announce, errc kind) {
     if (announce) {
       auto& h = seg_->hdr();
       std::uint32_t expected = 0;
@@ -570,6 +596,7 @@ private:
         const std::size_t n = std::min(why.size(), sizeof h.reason - 1);
         std::memcpy(h.reason, why.data(), n);
         h.reason[n] = '\0';
+        h.abort_kind = static_cast<std::uint32_t>(kind);
         h.aborted.store(2, std::memory_order_release);
         for (int q = 0; q < size_; ++q) {
           seg_->slot(q).bell.fetch_add(1);
@@ -579,17 +606,18 @@ private:
     }
     broken_ = true;
     broken_reason_ = why;
+    broken_kind_ = kind;
     const std::string msg = "aborted: " + why;
     for (auto& o : out_) {
-      for (auto& s : o.sends) fail(*s, msg);
-      for (auto& [seq, s] : o.unacked) fail(*s, msg);
+      for (auto& s : o.sends) fail(*s, msg, kind);
+      for (auto& [seq, s] : o.unacked) fail(*s, msg, kind);
       o.sends.clear();
       o.unacked.clear();
     }
     for (auto& in : in_) {
-      for (auto& s : in.posted) fail(*s, msg);
+      for (auto& s : in.posted) fail(*s, msg, kind);
       in.posted.clear();
-      if (in.op) fail(*in.op, msg);
+      if (in.op) fail(*in.op, msg, kind);
       in.op.reset();
       in.dst = nullptr;
     }
@@ -603,6 +631,7 @@ private:
   std::vector<inbound> in_;
   bool broken_ = false;
   std::string broken_reason_;
+  errc broken_kind_ = errc::aborted;
   std::size_t frame_ = std::min(policy::shm_frame_bytes, ring_ / 4); // >= 2 frames in flight
   // More ranks than cores: a spinning rank only delays the peer it waits for.
   bool oversubscribed_ = static_cast<unsigned>(size_) > std::max(1u, std::thread::hardware_concurrency());

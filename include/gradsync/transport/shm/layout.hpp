@@ -12,7 +12,7 @@
 
 namespace gradsync::shm::detail {
 
-inline constexpr std::uint64_t magic = 0x6772616473796e01ull; // "gradsyn" + layout version 1
+inline constexpr std::uint64_t magic = 0x6772616473796e02ull; // "gradsyn" + layout version 2
 inline constexpr std::size_t cell = 64;          // frame granularity (one cache line)
 inline constexpr std::size_t inline_bytes = 32;  // payload carried inside a header cell
 inline constexpr std::size_t page = 4096;
@@ -29,10 +29,11 @@ struct frame {
   std::uint64_t seq;
   std::uint64_t total; // message size; for nack: the size the receiver posted
   std::uint32_t len;   // payload bytes in this frame
-  std::uint32_t reserved;
+  std::uint32_t flags; // nack: upto_receive when the receive took up to `total`
   std::byte payload[inline_bytes]; // used when total <= inline_bytes
 };
 static_assert(sizeof(frame) == cell);
+inline constexpr std::uint32_t upto_receive = 1;
 
 // Bytes a frame occupies in the ring.
 inline std::size_t frame_span(std::uint64_t total, std::size_t len) {
@@ -48,12 +49,6 @@ static_assert(a32::is_always_lock_free && a64::is_always_lock_free &&
 struct rank_slot {
   alignas(cell) std::atomic<std::int32_t> pid{0};
   a32 state{0}; // 0 not attached, 1 attached, 2 left
-  // Single copy (core/cross_memory.hpp, agreed in arena.hpp): where this
-  // process keeps cma::probe_word (published before it counts as attached),
-  // and the smallest call it will read in place (cma::never: it cannot or
-  // will not), published before it posts counter `joined`.
-  a64 probe_word{0};
-  a64 single_copy_min{0};
   alignas(cell) a32 bell{0};     // futex word: bumped to wake this rank
   a32 sleeping{0};               // this rank may be blocked on `bell`
 };
@@ -70,7 +65,8 @@ struct header {
   a32 unlinked{0};
   a32 ready{0};
   alignas(cell) a32 aborted{0}; // 0 no, 1 reason being written, 2 reason valid
-  char reason[480];
+  std::uint32_t abort_kind;     // a gradsync::errc, valid with the reason
+  char reason[476];
 };
 
 struct ring_ctl {

@@ -16,7 +16,6 @@
 #include <string>
 #include <thread>
 
-#include "../../core/cross_memory.hpp"
 #include "../../core/error.hpp"
 #include "../../core/policy.hpp"
 #include "../../core/process.hpp"
@@ -27,6 +26,13 @@ namespace gradsync::shm::detail {
 
 using gradsync::detail::process_alive;
 using gradsync::detail::sys_error;
+
+// Why an attach was refused (`why` empty: it was not).
+struct refusal {
+  std::string why;
+  errc kind = errc::internal; // mismatch: the segment is not the group this rank expects
+  bool ok() const noexcept { return why.empty(); }
+};
 
 // The mapped segment of one rank.
 class segment {
@@ -46,9 +52,9 @@ public:
       name_ = gradsync::detail::random_name("/gradsync-", "shm.create", 0);
       fd = ::shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
       if (fd < 0 && errno != EEXIST)
-        throw error("shm.create", 0, -1, "shm_open(" + name_ + ") failed: " + sys_error(errno));
+        throw error(errc::internal, "shm.create", 0, -1, "shm_open(" + name_ + ") failed: " + sys_error(errno));
     }
-    GRADSYNC_REQUIRE(fd >= 0, "shm.create", 0, "could not find an unused segment name");
+    if (fd < 0) throw error(errc::internal, "shm.create", 0, -1, "could not find an unused segment name");
     // posix_fallocate reserves the pages now: a full /dev/shm fails here with
     // an error instead of SIGBUS on first touch.
     int rc = ::ftruncate(fd, static_cast<off_t>(l.total));
@@ -57,7 +63,7 @@ public:
     if (rc != 0) {
       ::close(fd);
       ::shm_unlink(name_.c_str());
-      throw error("shm.create", 0, -1,
+      throw error(errc::internal, "shm.create", 0, -1,
                   "cannot size segment to " + std::to_string(l.total) + " bytes: " + sys_error(rc));
     }
     map(fd, l.total, 0);
@@ -78,20 +84,20 @@ public:
     arena_ = arena;
   }
 
-  /// Attaches to segment `name` made for `p` ranks. Returns an empty string on
-  /// success, else why it could not (so the caller may retry a stale name).
-  std::string attach(const std::string& name, int p, int rank) {
+  /// Attaches to segment `name` made for `p` ranks. Returns why it could not,
+  /// if it could not (so the caller may retry a stale name).
+  refusal attach(const std::string& name, int p, int rank) {
     const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
-    if (fd < 0) return "shm_open(" + name + "): " + sys_error(errno);
+    if (fd < 0) return {"shm_open(" + name + "): " + sys_error(errno)};
     struct stat st{};
     if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) < sizeof(header)) {
       ::close(fd);
-      return "segment " + name + " is too small";
+      return {"segment " + name + " is too small"};
     }
     map(fd, static_cast<std::size_t>(st.st_size), rank);
     hdr_ = reinterpret_cast<header*>(base_);
     if (hdr_->ready.load(std::memory_order_acquire) != 1 || hdr_->magic != magic)
-      return unmap("segment " + name + " is not an initialised gradsync segment");
+      return unmap("segment " + name + " is not an initialised gradsync segment of this version");
     if (hdr_->size != p || hdr_->ring_bytes < 4 * cell || (hdr_->ring_bytes & (hdr_->ring_bytes - 1)) != 0)
       return unmap("segment " + name + " was made for " + std::to_string(hdr_->size) +
                    " ranks, this rank expects " + std::to_string(p));
@@ -141,14 +147,15 @@ private:
     ::close(fd);
     if (m == MAP_FAILED) {
       if (rank == 0) ::shm_unlink(name_.c_str());
-      throw error("shm.attach", rank, -1, "mmap of " + std::to_string(bytes) + " bytes failed: " + sys_error(e));
+      throw error(errc::internal, "shm.attach", rank, -1, "mmap of " + std::to_string(bytes) + " bytes failed: " + sys_error(e));
     }
     base_ = static_cast<std::byte*>(m);
     bytes_ = bytes;
   }
-  std::string unmap(std::string why) {
+  // Refuses a segment that is not the one this rank's group expects.
+  refusal unmap(std::string why) {
     release();
-    return why;
+    return {std::move(why), errc::mismatch};
   }
   std::byte* base_ = nullptr;
   std::size_t bytes_ = 0;
@@ -164,10 +171,10 @@ inline void join(segment& seg, int rank, int size, const std::function<void()>& 
   auto& h = seg.hdr();
   auto& me = seg.slot(rank);
   std::int32_t none = 0;
-  GRADSYNC_REQUIRE(me.pid.compare_exchange_strong(none, static_cast<std::int32_t>(::getpid())), "shm.attach",
-          rank, "rank " + std::to_string(rank) + " is already attached (pid " + std::to_string(none) +
+  if (!me.pid.compare_exchange_strong(none, static_cast<std::int32_t>(::getpid())))
+    throw error(errc::mismatch, "shm.attach", rank, -1,
+                "rank " + std::to_string(rank) + " is already attached (pid " + std::to_string(none) +
                     "): two processes were given the same rank");
-  me.probe_word.store(cma::probe_address(), std::memory_order_relaxed); // (released with `attached`)
   me.state.store(attached, std::memory_order_release);
   if (h.attached.fetch_add(1) + 1 == size) {
     ::shm_unlink(seg.name().c_str());
@@ -180,7 +187,7 @@ inline void join(segment& seg, int rank, int size, const std::function<void()>& 
     if (std::chrono::steady_clock::now() > deadline) {
       ::shm_unlink(seg.name().c_str()); // leave nothing behind
       if (cleanup) cleanup();
-      throw error("shm.attach", rank, -1,
+      throw error(errc::timeout, "shm.attach", rank, -1,
                   "only " + std::to_string(h.attached.load()) + " of " + std::to_string(size) +
                       " ranks attached within " +
                       std::to_string(std::chrono::duration_cast<std::chrono::seconds>(policy::shm_attach_timeout).count()) +
@@ -192,7 +199,7 @@ inline void join(segment& seg, int rank, int size, const std::function<void()>& 
       if (pid != 0 && !process_alive(pid) && h.unlinked.load(std::memory_order_acquire) == 0) {
         ::shm_unlink(seg.name().c_str());
         if (cleanup) cleanup();
-        throw error("shm.attach", rank, q, "rank " + std::to_string(q) + " died during setup");
+        throw error(errc::peer_failed, "shm.attach", rank, q, "rank " + std::to_string(q) + " died during setup");
       }
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));

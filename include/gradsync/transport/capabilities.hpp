@@ -1,0 +1,130 @@
+// gradsync: the optional capabilities of a transport, each a named concept
+// refining the base `transport` (transport.hpp). Algorithms and collectives
+// test these instead of a transport's name; every transport states next to
+// its definition which ones it models (static_asserts), so a change that
+// drops one fails to compile where the transport is defined.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+
+#include "../core/error.hpp"
+#include "../core/timed_choice.hpp"
+#include "transport.hpp"
+
+namespace gradsync {
+
+/// A completion that also reports how many bytes arrived: `received()` is
+/// valid once wait() returned or test() returned true.
+template <class R>
+concept sized_completion = completion<R> && requires(const R& r) {
+  { r.received() } -> std::convertible_to<std::size_t>;
+};
+
+/// A transport that can receive a message of any size up to a capacity:
+/// `irecv_upto(capacity, peer, tag)` matches like irecv (FIFO per pair and
+/// tag, mixed freely with exact receives) and accepts 0..capacity.size()
+/// bytes; a larger message fails with errc::mismatch naming both sizes (on
+/// both sides where the transport can tell the sender).
+template <class C>
+concept upto_receiver = transport<C> && requires(C& c, std::span<std::byte> d, int peer, int tag) {
+  { c.irecv_upto(d, peer, tag) } -> sized_completion;
+};
+
+/// A transport that knows which node (host) each rank runs on: node_of(r);
+/// hierarchical schedules group ranks by it.
+template <class C>
+concept node_map = transport<C> && requires(const C& c, int r) {
+  { c.node_of(r) } -> std::convertible_to<int>;
+};
+
+/// The former name of node_map (algo code uses it).
+template <class C>
+concept node_aware = node_map<C>;
+
+/// A transport whose ranks share memory through a collective arena (the
+/// low-level interface of algo/shm_direct.hpp): per-rank staging only its
+/// owner writes, monotonic progress counters, per-half call signatures.
+template <class C>
+concept shared_arena = transport<C> && requires(C& c, int q, int k, std::uint64_t v) {
+  { c.arena(q) } -> std::same_as<std::byte*>;
+  { c.arena_bytes() } -> std::convertible_to<std::size_t>;
+  c.arena_post(k, v);
+  c.arena_await(k, v, "");
+  { c.arena_epoch() } -> std::same_as<std::uint64_t&>;
+  { c.arena_signature(q, k) } -> std::same_as<std::atomic<std::uint64_t>&>;
+  c.arena_copy(static_cast<std::byte*>(nullptr), static_cast<const std::byte*>(nullptr), std::size_t{0});
+  { c.arena_stores() } -> std::same_as<gradsync::detail::timed_choice&>;
+  c.abort(std::string());
+};
+
+/// A transport on which any rank can call abort(reason): every pending and
+/// later operation of every rank of the group fails with errc::aborted
+/// instead of blocking (a blocked wait is woken, not left to time out).
+template <class C>
+concept abortable = transport<C> && requires(C& c, const std::string& why) { c.abort(why); };
+
+/// A transport whose waits give up after a timeout the caller can set:
+/// timeout() / set_timeout(ms), per communicator. A wait that exceeds it
+/// fails with errc::timeout.
+template <class C>
+concept timed = transport<C> && requires(C& c, std::chrono::milliseconds t) {
+  { std::as_const(c).timeout() } -> std::convertible_to<std::chrono::milliseconds>;
+  c.set_timeout(t);
+};
+
+/// A transport whose buffers may live in device (GPU) memory; it declares
+/// `static constexpr bool device_memory = true`.
+template <class C>
+concept device_memory = transport<C> && requires {
+  requires C::device_memory == true;
+};
+
+/// A transport whose operations are enqueued on a device stream and complete
+/// in stream order (NCCL): schedules must not wait on the host between
+/// dependent steps. It declares `static constexpr bool stream_ordered = true`
+/// and a stream() member (the stream it enqueues on).
+template <class C>
+concept stream_ordered = transport<C> && requires(C& c) {
+  requires C::stream_ordered == true;
+  c.stream();
+};
+
+/// Sets a communicator's timeout for one scope (e.g. options::timeout of one
+/// collective call) and restores the previous value when the scope ends,
+/// however it ends. A zero timeout leaves the communicator as it is, and on a
+/// transport that is not `timed` the guard does nothing.
+template <class C> class scoped_timeout {
+public:
+  scoped_timeout(C& c, std::chrono::milliseconds t) {
+    GRADSYNC_REQUIRE(t.count() >= 0, "scoped_timeout", c.rank(),
+                     "timeout must be >= 0 ms (0: keep the communicator's), got " + std::to_string(t.count()));
+    if constexpr (timed<C>) {
+      if (t.count() == 0) return;
+      saved_ = c.timeout();
+      c.set_timeout(t);
+      c_ = &c;
+    } else {
+      (void)c;
+      (void)t;
+    }
+  }
+  scoped_timeout(const scoped_timeout&) = delete;
+  scoped_timeout& operator=(const scoped_timeout&) = delete;
+  ~scoped_timeout() {
+    if constexpr (timed<C>)
+      if (c_) c_->set_timeout(saved_);
+  }
+
+private:
+  C* c_ = nullptr;
+  std::chrono::milliseconds saved_{0};
+};
+
+} // namespace gradsync
