@@ -6,12 +6,14 @@
 // call signature per arena half (the control block is in layout.hpp).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <utility>
 
+#include "../../core/cross_memory.hpp"
 #include "../../core/error.hpp"
 #include "../../core/futex.hpp"
 #include "../../core/stream_copy.hpp"
@@ -66,6 +68,32 @@ public:
     throw error(f.kind, op, e_->rank(), -1, f.why);
   }
 
+  /// The counter every rank posts once, when the group forms (algo/shm_direct.hpp uses 0-2).
+  static constexpr int joined = 3;
+
+  /// Agrees, when the group forms, on the smallest call that collectives
+  /// read straight from peers' memory (core/cross_memory.hpp): this rank
+  /// offers `want` if it can read every peer's probe word (else cma::never),
+  /// publishes it, waits for every rank's offer and keeps the largest, so all
+  /// ranks take the same path (a lone rank never needs it).
+  void agree_single_copy(std::uint64_t want) {
+    const auto& seg = e_->seg();
+    const int me = e_->rank(), p = e_->size();
+    if (p == 1) want = cma::never;
+    for (int q = 0; q < p && want != cma::never; ++q)
+      if (q != me && !cma::probe(seg.slot(q).pid.load(std::memory_order_relaxed),
+                                 seg.slot(q).probe_word.load(std::memory_order_relaxed)))
+        want = cma::never;
+    seg.slot(me).single_copy_min.store(want, std::memory_order_relaxed); // released by post()
+    post(joined, 1);
+    await(joined, 1, "shm.communicator");
+    single_copy_min_ = 0;
+    for (int q = 0; q < p; ++q)
+      single_copy_min_ = std::max<std::uint64_t>(single_copy_min_, seg.slot(q).single_copy_min.load(std::memory_order_relaxed));
+  }
+  /// What agree_single_copy() settled on.
+  std::uint64_t single_copy_min() const noexcept { return single_copy_min_; }
+
   /// Copies into this rank's arena with streaming stores.
   static void copy(std::byte* dst, const std::byte* src, std::size_t n) {
     gradsync::detail::stream_copy(dst, src, n);
@@ -75,6 +103,7 @@ private:
   std::shared_ptr<engine> e_;
   std::uint64_t epoch_ = 0; // arena rounds this group has completed
   gradsync::detail::timed_choice stores_; // how shm_direct writes the arena (per rank)
+  std::uint64_t single_copy_min_ = cma::never;
 };
 
 } // namespace gradsync::shm::detail

@@ -52,6 +52,7 @@
 #include <thread>
 #include <utility>
 
+#include "../../core/cross_memory.hpp"
 #include "../../core/error.hpp"
 #include "../../core/policy.hpp"
 #include "../../core/process.hpp"
@@ -135,6 +136,7 @@ public:
   communicator(const std::filesystem::path& dir, int rank, int size) {
     check_args(rank, size);
     const int stores = stores_setting(rank);
+    const std::uint64_t single_copy = cma::min_bytes_setting("shm.communicator", rank); // (before the group forms)
     std::error_code ec;
     GRADSYNC_REQUIRE(std::filesystem::is_directory(dir, ec), "shm.communicator", rank,
             "rendezvous directory " + dir.string() + " does not exist");
@@ -167,7 +169,7 @@ public:
       attach_from_file(*seg, file, rank, size);
     }
     detail::join(*seg, rank, size, cleanup);
-    start(std::move(seg), rank, size, stores);
+    start(std::move(seg), rank, size, stores, single_copy);
   }
 
   /// Joins a group bootstrapped by any out-of-band channel: `share(name)` is
@@ -176,6 +178,7 @@ public:
   communicator(int rank, int size, const std::function<std::string(const std::string&)>& share) {
     check_args(rank, size);
     const int stores = stores_setting(rank);
+    const std::uint64_t single_copy = cma::min_bytes_setting("shm.communicator", rank); // (before the group forms)
     auto seg = std::make_unique<detail::segment>();
     if (rank == 0) {
       try {
@@ -199,7 +202,7 @@ public:
       if (!r.ok()) throw error(r.kind, "shm.communicator", rank, -1, "cannot attach: " + r.why);
     }
     detail::join(*seg, rank, size, nullptr);
-    start(std::move(seg), rank, size, stores);
+    start(std::move(seg), rank, size, stores, single_copy);
   }
 
   communicator(communicator&&) noexcept = default;
@@ -261,6 +264,19 @@ public:
   /// Arena rounds this rank has run (the same on every rank between calls).
   std::uint64_t& arena_epoch() noexcept { return arena_.epoch(); }
 
+  /// Whether collectives of at least single_copy_min_bytes() read peers'
+  /// buffers straight from their memory (cross-memory attach) instead of
+  /// copying through the arena. Settled when the group formed, the same on
+  /// every rank: every rank could read every peer, and none set
+  /// GRADSYNC_SHM_SINGLE_COPY=off.
+  bool single_copy() const noexcept { return arena_.single_copy_min() != cma::never; }
+  /// Smallest such call in bytes (cma::never without single copy): the
+  /// largest any rank asked for with GRADSYNC_SHM_SINGLE_COPY=<bytes>, else
+  /// policy::shm_single_copy_min_bytes.
+  std::uint64_t single_copy_min_bytes() const noexcept { return arena_.single_copy_min(); }
+  /// How large collectives move data, for reports: "cma" or "arena".
+  std::string_view copy_mode() const noexcept { return single_copy() ? "cma" : "arena"; }
+
 private:
   // GRADSYNC_SHM_STORES: auto (default), stream or plain; checked before the
   // group forms, so a bad value fails every rank alike instead of one.
@@ -309,9 +325,10 @@ private:
     }
   }
 
-  void start(std::unique_ptr<detail::segment> seg, int rank, int size, int stores) {
+  void start(std::unique_ptr<detail::segment> seg, int rank, int size, int stores, std::uint64_t single_copy) {
     e_ = std::make_shared<detail::engine>(std::move(seg), rank, size);
     arena_ = detail::collective_arena(e_, stores);
+    arena_.agree_single_copy(single_copy);
   }
 
   std::shared_ptr<detail::engine> e_;

@@ -49,6 +49,12 @@ static_assert(a32::is_always_lock_free && a64::is_always_lock_free &&
 struct rank_slot {
   alignas(cell) std::atomic<std::int32_t> pid{0};
   a32 state{0}; // 0 not attached, 1 attached, 2 left
+  // Single copy (core/cross_memory.hpp, agreed in arena.hpp): where this
+  // process keeps cma::probe_word (published before it counts as attached),
+  // and the smallest call it will read in place (cma::never: it cannot or
+  // will not), published before it posts counter `joined`.
+  a64 probe_word{0};
+  a64 single_copy_min{0};
   alignas(cell) a32 bell{0};     // futex word: bumped to wake this rank
   a32 sleeping{0};               // this rank may be blocked on `bell`
 };

@@ -16,6 +16,7 @@
 #include <string>
 #include <thread>
 
+#include "../../core/cross_memory.hpp"
 #include "../../core/error.hpp"
 #include "../../core/policy.hpp"
 #include "../../core/process.hpp"
@@ -175,6 +176,7 @@ inline void join(segment& seg, int rank, int size, const std::function<void()>& 
     throw error(errc::mismatch, "shm.attach", rank, -1,
                 "rank " + std::to_string(rank) + " is already attached (pid " + std::to_string(none) +
                     "): two processes were given the same rank");
+  me.probe_word.store(cma::probe_address(), std::memory_order_relaxed); // (released with `attached`)
   me.state.store(attached, std::memory_order_release);
   if (h.attached.fetch_add(1) + 1 == size) {
     ::shm_unlink(seg.name().c_str());
