@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <gradsync/transport/inproc.hpp>
+#include <gradsync/transport/subgroup.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -143,6 +144,7 @@ TEST_CASE("inproc: a size mismatch fails both sides, naming both sizes") {
         CHECK(e.op() == (c.rank() == 0 ? "inproc.send" : "inproc.recv"));
         CHECK(e.rank() == c.rank());
         CHECK(e.peer() == 1 - c.rank());
+        CHECK(e.kind() == gradsync::errc::mismatch);
         lg.add(e.what());
       }
     });
@@ -272,6 +274,7 @@ TEST_CASE("inproc: a throwing rank fails every other rank's wait, and run rethro
           if (c.rank() % 2) c.isend(out_bytes(v), culprit, tag_data).wait();
           else c.irecv(in_bytes(v), culprit, tag_data).wait();
         } catch (const error& e) {
+          CHECK(e.kind() == gradsync::errc::aborted);
           lg.add(e.what());
           // an operation posted after the abort fails at once
           CHECK_THROWS_AS(c.irecv(in_bytes(v), (c.rank() + 1) % 4, tag_sync).wait(), error);
@@ -349,6 +352,7 @@ TEST_CASE("inproc: a wait with no matching peer times out and is withdrawn") {
         c.irecv(in_bytes(*dead), 1, tag_data).wait();
         lg.add("no timeout");
       } catch (const error& e) {
+        CHECK(e.kind() == gradsync::errc::timeout);
         lg.add(e.what());
       }
       dead.reset();
@@ -417,4 +421,191 @@ TEST_CASE("inproc: all-to-all stress with interleaved tags and sizes") {
     for (const auto& [peer, k, i] : expect) bad += ins[i] != content(peer, me, k);
     CHECK(bad == 0);
   });
+}
+
+// ---- capabilities ----------------------------------------------------------
+
+static_assert(gradsync::upto_receiver<communicator> && gradsync::abortable<communicator> &&
+              gradsync::timed<communicator>);
+static_assert(!gradsync::node_map<communicator> && !gradsync::shared_arena<communicator>);
+// a view forwards exactly what its parent has
+static_assert(gradsync::detail::subgroup_forwards<communicator>);
+static_assert(gradsync::upto_receiver<gradsync::subgroup<communicator>> &&
+              gradsync::abortable<gradsync::subgroup<communicator>> &&
+              gradsync::timed<gradsync::subgroup<communicator>>);
+
+namespace {
+// Byte k of a message of n bytes on tag t (no two messages alike).
+std::vector<std::uint8_t> pattern(std::size_t n, int t) {
+  std::vector<std::uint8_t> v(n);
+  for (std::size_t k = 0; k < n; ++k) v[k] = static_cast<std::uint8_t>(k * 7 + n * 13 + static_cast<std::size_t>(t));
+  return v;
+}
+} // namespace
+
+TEST_CASE("inproc: irecv_upto takes any size up to its capacity and reports it") {
+  constexpr std::size_t cap = 64;
+  const std::vector<std::size_t> sizes{0, 1, 31, 63, 64};
+  for (const bool send_first : {true, false}) {
+    INFO("send posted first: " << send_first);
+    gradsync::inproc::run(2, [&](communicator& c) {
+      for (std::size_t i = 0; i < sizes.size(); ++i) {
+        const int tag = tag_data + static_cast<int>(i);
+        if (c.rank() == 0) {
+          const auto v = pattern(sizes[i], tag);
+          if (!send_first) await_signal(c, 1, tag_sync);
+          auto s = c.isend(out_bytes(v), 1, tag);
+          if (send_first) signal(c, 1, tag_sync);
+          s.wait();
+          CHECK(s.received() == 0);
+        } else {
+          std::vector<std::uint8_t> buf(cap, 0xEE);
+          if (send_first) await_signal(c, 0, tag_sync);
+          auto r = c.irecv_upto(in_bytes(buf), 0, tag);
+          if (!send_first) signal(c, 0, tag_sync);
+          r.wait();
+          REQUIRE(r.received() == sizes[i]);
+          const auto want = pattern(sizes[i], tag);
+          CHECK(std::equal(want.begin(), want.end(), buf.begin()));
+          // bytes past the message are untouched
+          CHECK(std::all_of(buf.begin() + static_cast<std::ptrdiff_t>(sizes[i]), buf.end(),
+                            [](std::uint8_t b) { return b == 0xEE; }));
+        }
+      }
+    });
+  }
+}
+
+TEST_CASE("inproc: a message larger than an irecv_upto's capacity fails both sides with errc::mismatch") {
+  for (const bool send_first : {true, false}) {
+    INFO("send posted first: " << send_first);
+    msg_log lg;
+    gradsync::inproc::run(2, [&](communicator& c) {
+      try {
+        if (c.rank() == 0) {
+          const auto v = pattern(65, tag_data);
+          if (!send_first) await_signal(c, 1, tag_sync);
+          auto s = c.isend(out_bytes(v), 1, tag_data);
+          if (send_first) signal(c, 1, tag_sync);
+          s.wait();
+        } else {
+          std::vector<std::uint8_t> buf(64);
+          if (send_first) await_signal(c, 0, tag_sync);
+          auto r = c.irecv_upto(in_bytes(buf), 0, tag_data);
+          if (!send_first) signal(c, 0, tag_sync);
+          r.wait();
+        }
+        lg.add("rank " + std::to_string(c.rank()) + ": no error");
+      } catch (const error& e) {
+        CHECK(e.kind() == gradsync::errc::mismatch);
+        CHECK(e.peer() == 1 - c.rank());
+        lg.add(e.what());
+      }
+    });
+    REQUIRE(lg.lines.size() == 2);
+    for (const auto& m : lg.lines) {
+      INFO(m);
+      CHECK(contains(m, "sent 65 bytes"));
+      CHECK(contains(m, "receive of up to 64 bytes"));
+    }
+  }
+}
+
+TEST_CASE("inproc: exact and up-to receives on one tag match in posting order") {
+  // rank 0 sends sizes 5, 0, 12, 3, 8; rank 1 alternates exact and up-to
+  // receives (all posted before any send), so each message must land in the
+  // receive posted in its position
+  const std::vector<std::size_t> sizes{5, 0, 12, 3, 8};
+  gradsync::inproc::run(2, [&](communicator& c) {
+    if (c.rank() == 0) {
+      await_signal(c, 1, tag_sync);
+      std::vector<std::vector<std::uint8_t>> msgs;
+      std::vector<gradsync::inproc::request> rs;
+      for (std::size_t i = 0; i < sizes.size(); ++i) msgs.push_back(pattern(sizes[i], static_cast<int>(i)));
+      for (const auto& m : msgs) rs.push_back(c.isend(out_bytes(m), 1, tag_data));
+      for (auto& r : rs) r.wait();
+    } else {
+      std::vector<std::vector<std::uint8_t>> bufs;
+      std::vector<gradsync::inproc::request> rs;
+      for (std::size_t i = 0; i < sizes.size(); ++i) bufs.emplace_back(i % 2 ? 16 : sizes[i]);
+      for (std::size_t i = 0; i < sizes.size(); ++i)
+        rs.push_back(i % 2 ? c.irecv_upto(in_bytes(bufs[i]), 0, tag_data) : c.irecv(in_bytes(bufs[i]), 0, tag_data));
+      signal(c, 0, tag_sync);
+      for (std::size_t i = 0; i < sizes.size(); ++i) {
+        rs[i].wait();
+        CHECK(rs[i].received() == sizes[i]);
+        const auto want = pattern(sizes[i], static_cast<int>(i));
+        CHECK(std::equal(want.begin(), want.end(), bufs[i].begin()));
+      }
+    }
+  });
+}
+
+TEST_CASE("inproc: communicator::abort frees every rank's blocked wait with errc::aborted") {
+  msg_log lg;
+  const auto t0 = std::chrono::steady_clock::now();
+  gradsync::inproc::run(3, [&](communicator& c) {
+    c.set_timeout(60s); // the abort, not the timeout, must end the waits
+    if (c.rank() == 2) {
+      std::this_thread::sleep_for(20ms); // let the others block first
+      c.abort("test abort");
+      return;
+    }
+    std::vector<int> v(4);
+    try {
+      c.irecv(in_bytes(v), 2, tag_data).wait();
+      lg.add("no error");
+    } catch (const error& e) {
+      CHECK(e.kind() == gradsync::errc::aborted);
+      lg.add(e.what());
+    }
+  });
+  CHECK(std::chrono::steady_clock::now() - t0 < 20s);
+  REQUIRE(lg.lines.size() == 2);
+  for (const auto& m : lg.lines) CHECK(contains(m, "rank 2 aborted: test abort"));
+}
+
+TEST_CASE("inproc: timeouts are per communicator; scoped_timeout sets one and restores it") {
+  auto w = std::make_shared<gradsync::inproc::world>(2);
+  w->set_timeout(7s);
+  communicator a(w, 0), b(w, 1);
+  CHECK(a.timeout() == 7s); // the world's until set
+  a.set_timeout(250ms);
+  CHECK(a.timeout() == 250ms);
+  CHECK(b.timeout() == 7s); // the other rank keeps the world's
+  {
+    gradsync::scoped_timeout g(b, 40ms);
+    CHECK(b.timeout() == 40ms);
+    CHECK(a.timeout() == 250ms);
+    std::vector<int> v(1);
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      b.irecv(in_bytes(v), 0, tag_data).wait(); // nobody sends
+      FAIL("no timeout");
+    } catch (const error& e) {
+      CHECK(e.kind() == gradsync::errc::timeout);
+      CHECK(contains(e.what(), "timed out after 40 ms"));
+    }
+    CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  }
+  CHECK(b.timeout() == 7s);
+  {
+    gradsync::scoped_timeout g(a, 0ms); // 0: leave it
+    CHECK(a.timeout() == 250ms);
+  }
+  CHECK(a.timeout() == 250ms);
+  try {
+    gradsync::scoped_timeout g(a, -1ms);
+    FAIL("negative timeout accepted");
+  } catch (const error& e) {
+    CHECK(e.kind() == gradsync::errc::invalid_argument);
+    CHECK(e.op() == "scoped_timeout");
+  }
+  // a view's timeout is its parent's
+  gradsync::subgroup<communicator> view(a, {0});
+  {
+    gradsync::scoped_timeout g(view, 90ms);
+    CHECK(a.timeout() == 90ms);
+  }
+  CHECK(a.timeout() == 250ms);
 }
