@@ -282,6 +282,9 @@ TEST_CASE("select: broadcast and reduce pick tree or chain by the model") {
         const double chain = (p - 2 + k) * (10e-6 + n / k * (1e-10 + g));
         CHECK(sel.choose_rooted(bytes, p, red, 1 << 18) == (tree < chain ? algorithm::tree : algorithm::ring));
       }
+  // No other schedule is rooted: the model has no time for it.
+  CHECK(m.rooted(algorithm::rd, 8, 4, false, 1 << 18) == std::numeric_limits<double>::infinity());
+  CHECK(m.rooted(algorithm::direct, 8, 4, true, 1 << 18) == std::numeric_limits<double>::infinity());
 }
 
 TEST_CASE("select: the shared-memory arena allreduce (direct) by hand") {
