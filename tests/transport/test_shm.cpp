@@ -10,6 +10,7 @@
 #include <poll.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdint>
@@ -22,6 +23,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -83,6 +85,9 @@ std::vector<outcome> spawn(int p, const std::function<void(communicator&)>& fn,
         communicator c(dir, r, p);
         say(c.segment_name() + "\n");
         fn(c);
+      } catch (const error& e) { // its kind too, for tests to check
+        out = std::string("[kind: ") + gradsync::errc_name(e.kind()) + "] " + e.what();
+        code = 1;
       } catch (const std::exception& e) {
         out = e.what();
         code = 1;
@@ -158,10 +163,24 @@ std::span<const std::byte> cbytes(const std::vector<std::uint8_t>& v) { return s
 std::span<std::byte> wbytes(std::vector<std::uint8_t>& v) { return std::as_writable_bytes(std::span(v)); }
 
 // Deterministic content of message `k` of `n` bytes from rank `src`.
+// The kind a rank's exception had, as spawn() reports it.
+std::string kind_tag(gradsync::errc k) { return std::string("[kind: ") + gradsync::errc_name(k) + "]"; }
+
 std::vector<std::uint8_t> pattern(std::size_t n, int src, int k) {
   std::vector<std::uint8_t> v(n);
   for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::uint8_t>((i * 31 + static_cast<std::size_t>(src) * 7 + static_cast<std::size_t>(k) * 13) & 0xff);
   return v;
+}
+
+// After a size mismatch the rings are still consistent: a following
+// exchange between ranks 0 and 1 works.
+void exchange_after_mismatch(communicator& c) {
+  const auto v = pattern(1000, c.rank(), 3);
+  std::vector<std::uint8_t> in(1000);
+  auto r = c.irecv(wbytes(in), 1 - c.rank(), 2);
+  c.isend(cbytes(v), 1 - c.rank(), 2).wait();
+  r.wait();
+  expect(in == pattern(1000, 1 - c.rank(), 3), "exchange after mismatch");
 }
 
 } // namespace
@@ -253,6 +272,7 @@ TEST_CASE("shm: size mismatch fails both sides naming both sizes, and the pair s
             c.isend(cbytes(v), 1, 1).wait();
           } catch (const error& e) {
             got = e.what();
+            expect(e.kind() == gradsync::errc::mismatch, "send side kind");
           }
         } else {
           if (!recv_first) std::this_thread::sleep_for(20ms); // it arrives unexpected
@@ -263,17 +283,12 @@ TEST_CASE("shm: size mismatch fails both sides naming both sizes, and the pair s
             r.wait();
           } catch (const error& e) {
             got = e.what();
+            expect(e.kind() == gradsync::errc::mismatch, "receive side kind");
           }
         }
         expect(contains(got, "size mismatch") && contains(got, s1) && contains(got, s2),
                "rank " + std::to_string(c.rank()) + " error names both sizes: '" + got + "'");
-        // The rings are still consistent: a following exchange works.
-        const auto v = pattern(1000, c.rank(), 3);
-        std::vector<std::uint8_t> in(1000);
-        auto r = c.irecv(wbytes(in), 1 - c.rank(), 2);
-        c.isend(cbytes(v), 1 - c.rank(), 2).wait();
-        r.wait();
-        expect(in == pattern(1000, 1 - c.rank(), 3), "exchange after mismatch");
+        exchange_after_mismatch(c);
       });
       check_all_ok(res);
     }
@@ -371,6 +386,7 @@ TEST_CASE("shm: a receive nobody matches times out with an error") {
         c.irecv(wbytes(v), 1, 42).wait();
       } catch (const error& e) {
         got = e.what();
+        expect(e.kind() == gradsync::errc::timeout, "timeout kind");
       }
       expect(contains(got, "timed out") && contains(got, "peer 1"), "timeout error: '" + got + "'");
       c.isend({}, 1, 1).wait();
@@ -407,6 +423,7 @@ TEST_CASE("shm: a rank killed mid-transfer fails the others with an error naming
     CHECK(res[r].code == 1);
     CHECK(contains(res[r].message, "rank 2"));
     CHECK(contains(res[r].message, "died"));
+    CHECK(contains(res[r].message, kind_tag(gradsync::errc::peer_failed)));
   }
   for (auto& o : res) CHECK(segment_gone(o.segment));
 }
@@ -444,6 +461,7 @@ TEST_CASE("shm: a rank that leaves early fails a peer waiting for it") {
   CHECK(res[1].code == 0);
   CHECK(res[0].code == 1);
   CHECK(contains(res[0].message, "rank 1 left")); // not "died": it left first, then exited
+  CHECK(contains(res[0].message, kind_tag(gradsync::errc::peer_failed)));
 }
 
 TEST_CASE("shm: messages sent just before a peer leaves are still delivered") {
@@ -850,5 +868,147 @@ TEST_CASE("shm: GRADSYNC_SHM_STORES fixes the arena stores; a bad value fails ev
     CHECK(o.code == 1);
     CHECK(contains(o.message, "GRADSYNC_SHM_STORES=\"fast\""));
     CHECK(contains(o.message, "shm.communicator"));
+  }
+}
+
+// ---- capabilities, receives up to a capacity, error kinds --------------------
+
+static_assert(gradsync::upto_receiver<communicator> && gradsync::shared_arena<communicator> &&
+              gradsync::abortable<communicator> && gradsync::timed<communicator>);
+static_assert(gradsync::detail::subgroup_forwards<communicator>);
+
+TEST_CASE("shm: irecv_upto takes any size up to its capacity, posted before or after the message") {
+  const std::size_t ring = gradsync::policy::shm_ring_bytes;
+  // 0, inline, one cell over, a frame, more than the ring (streamed and, when
+  // it arrives first, drained into a private buffer), and exactly the capacity
+  const std::size_t cap = 3 * ring + 7;
+  const std::vector<std::size_t> sizes{0, 1, 32, 33, 4095, ring + 5, cap};
+  for (bool recv_first : {true, false}) {
+    CAPTURE(recv_first);
+    auto res = spawn(2, [&](communicator& c) {
+      for (std::size_t k = 0; k < sizes.size(); ++k) {
+        const int tag = static_cast<int>(k);
+        if (c.rank() == 0) {
+          if (recv_first) c.irecv({}, 1, 100).wait(); // rank 1's receive is posted
+          const auto v = pattern(sizes[k], 0, tag);
+          auto s = c.isend(cbytes(v), 1, tag);
+          s.wait();
+          expect(s.received() == 0, "a send receives nothing");
+        } else {
+          std::vector<std::uint8_t> in(cap + 16, 0xEE);
+          auto r = c.irecv_upto(std::as_writable_bytes(std::span(in).first(cap)), 0, tag);
+          if (recv_first) c.isend({}, 0, 100).wait();
+          else std::this_thread::sleep_for(5ms); // let the message arrive unexpected
+          r.wait();
+          const std::string what = std::to_string(sizes[k]) + " bytes";
+          expect(r.received() == sizes[k], "received() for " + what + ": " + std::to_string(r.received()));
+          const auto want = pattern(sizes[k], 0, tag);
+          expect(std::equal(want.begin(), want.end(), in.begin()), "payload of " + what);
+          expect(std::all_of(in.begin() + static_cast<std::ptrdiff_t>(sizes[k]), in.end(),
+                             [](std::uint8_t b) { return b == 0xEE; }),
+                 "bytes past a message of " + what + " untouched");
+        }
+      }
+      // to self
+      const auto v = pattern(100, c.rank(), 9);
+      std::vector<std::uint8_t> in(128);
+      auto r = c.irecv_upto(wbytes(in), c.rank(), 50);
+      c.isend(cbytes(v), c.rank(), 50).wait();
+      r.wait();
+      expect(r.received() == 100 && std::equal(v.begin(), v.end(), in.begin()), "up-to receive from self");
+    });
+    check_all_ok(res);
+  }
+}
+
+TEST_CASE("shm: a message larger than an irecv_upto's capacity fails both sides with errc::mismatch") {
+  const std::size_t ring = gradsync::policy::shm_ring_bytes;
+  for (auto [sent, cap] : {std::pair<std::size_t, std::size_t>{65, 64}, {3 * ring, ring}}) {
+    for (bool recv_first : {true, false}) {
+      CAPTURE(sent);
+      CAPTURE(recv_first);
+      auto res = spawn(2, [&, sent = sent, cap = cap](communicator& c) {
+        std::string got;
+        gradsync::errc kind = gradsync::errc::internal;
+        try {
+          if (c.rank() == 0) {
+            if (recv_first) c.irecv({}, 1, 9).wait();
+            const auto v = pattern(sent, 0, 0);
+            c.isend(cbytes(v), 1, 1).wait();
+          } else {
+            if (!recv_first) std::this_thread::sleep_for(20ms); // it arrives unexpected
+            std::vector<std::uint8_t> in(cap);
+            auto r = c.irecv_upto(wbytes(in), 0, 1);
+            if (recv_first) c.isend({}, 0, 9).wait();
+            r.wait();
+          }
+        } catch (const error& e) {
+          got = e.what();
+          kind = e.kind();
+        }
+        expect(kind == gradsync::errc::mismatch, "rank " + std::to_string(c.rank()) + " kind: '" + got + "'");
+        expect(contains(got, "sent " + std::to_string(sent) + " bytes") &&
+                   contains(got, "receive of up to " + std::to_string(cap) + " bytes"),
+               "rank " + std::to_string(c.rank()) + " error names both sizes: '" + got + "'");
+        exchange_after_mismatch(c);
+      });
+      check_all_ok(res);
+    }
+  }
+}
+
+TEST_CASE("shm: exact and up-to receives on one tag match in posting order") {
+  // Rank 1 alternates exact and up-to receives on one tag; half the messages
+  // are sent before their receives are posted, half after.
+  const std::size_t big = 2 * gradsync::policy::shm_ring_bytes + 13;
+  const std::vector<std::size_t> sizes{5, 0, big, 40, big, 1, 77, 0};
+  auto res = spawn(2, [&](communicator& c) {
+    if (c.rank() == 0) {
+      std::vector<std::vector<std::uint8_t>> msgs;
+      std::vector<gradsync::shm::request> reqs;
+      for (std::size_t k = 0; k < sizes.size(); ++k) msgs.push_back(pattern(sizes[k], 0, static_cast<int>(k)));
+      for (std::size_t k = 0; k < sizes.size() / 2; ++k) reqs.push_back(c.isend(cbytes(msgs[k]), 1, 3));
+      c.irecv({}, 1, 100).wait(); // rank 1 posted all its receives
+      for (std::size_t k = sizes.size() / 2; k < sizes.size(); ++k) reqs.push_back(c.isend(cbytes(msgs[k]), 1, 3));
+      for (auto& r : reqs) r.wait();
+    } else {
+      std::this_thread::sleep_for(20ms); // the first half arrives unexpected
+      std::vector<std::vector<std::uint8_t>> in;
+      std::vector<gradsync::shm::request> reqs;
+      for (std::size_t k = 0; k < sizes.size(); ++k) in.emplace_back(k % 2 ? big + 100 : sizes[k]);
+      for (std::size_t k = 0; k < sizes.size(); ++k)
+        reqs.push_back(k % 2 ? c.irecv_upto(wbytes(in[k]), 0, 3) : c.irecv(wbytes(in[k]), 0, 3));
+      c.isend({}, 0, 100).wait();
+      for (std::size_t k = 0; k < sizes.size(); ++k) {
+        reqs[k].wait();
+        const auto want = pattern(sizes[k], 0, static_cast<int>(k));
+        expect(reqs[k].received() == sizes[k] && std::equal(want.begin(), want.end(), in[k].begin()),
+               "message " + std::to_string(k) + " out of order or corrupt");
+      }
+    }
+  });
+  check_all_ok(res);
+}
+
+TEST_CASE("shm: abort frees every rank's blocked wait with errc::aborted") {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto res = spawn(3, [](communicator& c) {
+    c.set_timeout(60s); // the abort, not the timeout, must end the waits
+    if (c.rank() == 2) {
+      std::this_thread::sleep_for(50ms); // let the others block first
+      c.abort("test abort");
+      return;
+    }
+    std::vector<std::uint8_t> v(16);
+    c.irecv(wbytes(v), 2, 1).wait();
+  });
+  CHECK(std::chrono::steady_clock::now() - t0 < 20s);
+  CHECK(res[2].code == 0);
+  for (int r : {0, 1}) {
+    INFO("rank " << r << ": " << res[r].message);
+    CHECK(!res[r].hung);
+    CHECK(res[r].code == 1);
+    CHECK(contains(res[r].message, "rank 2 aborted: test abort"));
+    CHECK(contains(res[r].message, kind_tag(gradsync::errc::aborted)));
   }
 }
