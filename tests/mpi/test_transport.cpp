@@ -227,6 +227,7 @@ TEST_CASE("point to point: polling, and receive sizes that do not match the send
       CHECK(shorter->op() == "mpi.recv");
       CHECK(shorter->peer() == 0);
       CHECK(contains(shorter->reason(), "received 16 bytes where a receive of 32"));
+      CHECK(shorter->kind() == errc::mismatch);
     }
     // 32 bytes arrive where 16 were posted (MPI truncation).
     auto longer = expect_error([&] { c.irecv(std::as_writable_bytes(std::span(small)), 0, 8).wait(); });
@@ -235,9 +236,79 @@ TEST_CASE("point to point: polling, and receive sizes that do not match the send
       CHECK(longer->op() == "mpi.recv");
       CHECK(longer->peer() == 0);
       CHECK(contains(longer->reason(), "larger than the posted receive of 16 bytes"));
+      CHECK(longer->kind() == errc::mismatch);
     }
   }
   (void)p;
+}
+
+static_assert(upto_receiver<mpi::communicator> && node_map<mpi::communicator> && timed<mpi::communicator>);
+static_assert(!abortable<mpi::communicator> && !shared_arena<mpi::communicator>);
+static_assert(detail::subgroup_forwards<mpi::communicator>);
+
+namespace {
+// Byte k of test message `m` of n bytes.
+std::vector<std::byte> upto_pattern(std::size_t n, int m) {
+  std::vector<std::byte> v(n);
+  for (std::size_t k = 0; k < n; ++k) v[k] = static_cast<std::byte>((k * 29 + n * 3 + static_cast<std::size_t>(m) * 11) & 0xff);
+  return v;
+}
+} // namespace
+
+TEST_CASE("irecv_upto: any size up to the capacity, in order with exact receives; larger is a mismatch") {
+  auto& c = lasting_comm(test_timeout); // the truncated message below is gone, but keep the context unique
+  const int r = c.rank();
+  if (r < 2) {
+    constexpr std::size_t cap = 100;
+    // message k goes to receive k: even k exact, odd k up to `cap`
+    const std::vector<std::size_t> sizes{7, 0, 100, 1, 0, 100, 33, 64};
+    if (r == 0) {
+      c.irecv({}, 1, 9).wait(); // rank 1 posted every receive
+      std::vector<std::vector<std::byte>> msgs;
+      std::vector<mpi::request> rs;
+      for (std::size_t k = 0; k < sizes.size(); ++k) msgs.push_back(upto_pattern(sizes[k], static_cast<int>(k)));
+      for (const auto& m : msgs) rs.push_back(c.isend(m, 1, 4));
+      for (auto& q : rs) q.wait();
+      for (auto& q : rs) CHECK(q.received() == 0);
+      // one byte more than the capacity
+      const auto big = upto_pattern(cap + 1, 99);
+      c.isend(big, 1, 5).wait();
+    } else {
+      std::vector<std::vector<std::byte>> in;
+      std::vector<mpi::request> rs;
+      for (std::size_t k = 0; k < sizes.size(); ++k) in.emplace_back(k % 2 ? cap : sizes[k], std::byte{0xEE});
+      for (std::size_t k = 0; k < sizes.size(); ++k)
+        rs.push_back(k % 2 ? c.irecv_upto(in[k], 0, 4) : c.irecv(in[k], 0, 4));
+      c.isend({}, 0, 9).wait();
+      for (std::size_t k = 0; k < sizes.size(); ++k) {
+        INFO("message " << k << " of " << sizes[k] << " bytes");
+        rs[k].wait();
+        CHECK(rs[k].received() == sizes[k]);
+        const auto want = upto_pattern(sizes[k], static_cast<int>(k));
+        CHECK(std::equal(want.begin(), want.end(), in[k].begin()));
+        CHECK(std::all_of(in[k].begin() + static_cast<std::ptrdiff_t>(sizes[k]), in[k].end(),
+                          [](std::byte b) { return b == std::byte{0xEE}; }));
+      }
+      std::vector<std::byte> small(cap);
+      auto e = expect_error([&] { c.irecv_upto(small, 0, 5).wait(); });
+      if (e) {
+        INFO(e->what());
+        CHECK(e->kind() == errc::mismatch);
+        CHECK(e->peer() == 0);
+        CHECK(contains(e->reason(), "larger than the posted receive of up to 100 bytes"));
+      }
+    }
+  }
+  // a capacity MPI could not tell the end of is refused before anything is posted
+  std::vector<std::byte> none;
+  auto e = expect_error([&] {
+    c.irecv_upto(std::span<std::byte>(none.data(), policy::mpi_max_message_bytes), (r + 1) % c.size(), 6).wait();
+  });
+  if (e) {
+    CHECK(e->kind() == errc::invalid_argument);
+    CHECK(contains(e->reason(), "mpi_max_message_bytes"));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 TEST_CASE("a rank that never joins makes the others time out instead of hanging") {
@@ -251,6 +322,7 @@ TEST_CASE("a rank that never joins makes the others time out instead of hanging"
     if (e) {
       INFO(e->what());
       CHECK(contains(e->reason(), "timed out after 500 ms"));
+      CHECK(e->kind() == errc::timeout);
       CHECK(e->rank() == r);
     }
     CHECK(waited >= timeout);
