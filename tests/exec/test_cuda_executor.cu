@@ -10,8 +10,10 @@
 // workspace, rejected when too small or misaligned, owned (device memory,
 // usable, freed on the stream), and a failed CUDA call is errc::internal.
 // The stream is non-blocking, so every download must follow fence().
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <span>
 #include <string>
@@ -30,23 +32,19 @@ using exec_test::random_values;
 
 namespace {
 
-int failures = 0;
-int checks = 0;
-
-void expect(bool ok, const std::string& what) {
-  ++checks;
-  if (!ok) {
-    ++failures;
-    std::printf("FAIL: %s\n", what.c_str());
-  }
-}
-
 void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::printf("CUDA error in %s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
+  REQUIRE_MESSAGE(e == cudaSuccess, what, ": ", cudaGetErrorString(e));
 }
+
+/// A non-blocking stream (no implicit order with the legacy stream the
+/// tests' cudaMemcpy uses: every download must follow the executor's fence).
+struct stream {
+  cudaStream_t s{};
+  stream() { cuda_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"); }
+  ~stream() { cudaStreamDestroy(s); }
+  stream(const stream&) = delete;
+  stream& operator=(const stream&) = delete;
+};
 
 /// Owning device buffer of `count` T plus one guard element, poisoned (all
 /// bytes 0xA5) so that elements a call should not write show.
@@ -84,10 +82,10 @@ template <class T> T poison() {
 template <class T>
 void expect_same(const std::vector<T>& dev, const std::vector<T>& host, std::size_t n,
                  const std::string& what) {
-  const std::size_t at = first_difference(dev.data(), host.data(), n);
-  expect(at == n, what + (at == n ? "" : ": first difference at element " + std::to_string(at)));
+  INFO(what);
+  CHECK(first_difference(dev.data(), host.data(), n) == n); // index of the first difference
   const T guard = poison<T>();
-  expect(first_difference(&dev[n], &guard, 1) == 1, what + ": element past n written");
+  CHECK_MESSAGE(first_difference(&dev[n], &guard, 1) == 1, "element past n written");
 }
 
 template <class T> const char* tname() { return gs::dtype_name(gs::dtype_traits<T>::id).data(); }
@@ -161,7 +159,12 @@ template <class T> void check_copy_axpby(const gs::exec::cuda& dev, std::size_t 
   }
 }
 
-template <class T> void check_type(const gs::exec::cuda& dev) {
+#define EXEC_ALL_DTYPES float, double, gradsync::half, gradsync::bfloat16, std::int32_t, std::int64_t
+
+TEST_CASE_TEMPLATE("cuda executor: every operation bitwise equal to exec::host", T, EXEC_ALL_DTYPES) {
+  const stream st;
+  const gs::exec::cuda dev(st.s);
+  CHECK(dev.stream() == st.s);
   for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{4097}, std::size_t{1} << 20}) {
     for (gs::op_kind k : {gs::op_kind::sum, gs::op_kind::prod, gs::op_kind::min,
                           gs::op_kind::max, gs::op_kind::avg}) {
@@ -184,28 +187,31 @@ template <class F> bool throws_kind(gs::errc kind, F f, std::string* text = null
   return false;
 }
 
-void check_scratch(const gs::exec::cuda& dev) {
+TEST_CASE("cuda executor: scratch from the workspace, owned, or rejected; CUDA failures") {
+  const stream st;
+  const gs::exec::cuda dev(st.s);
   const std::size_t n = 4097;
   dvec<std::byte> ws(n * sizeof(double) + 16);
   const std::span<std::byte> all(ws.p, ws.n);
   {
     auto s = dev.scratch<double>(all, n, "t.scratch", 2);
-    expect(static_cast<void*>(s.data()) == static_cast<void*>(ws.p), "scratch carved from workspace");
+    CHECK(static_cast<void*>(s.data()) == static_cast<void*>(ws.p)); // carved from the workspace
   }
   std::string text;
-  expect(throws_kind(gs::errc::invalid_argument,
-                     [&] { (void)dev.scratch<double>(all.first(n * sizeof(double) - 1), n, "t.scratch", 2); },
-                     &text) &&
-             text.find("t.scratch") != std::string::npos,
-         "scratch: too small a workspace is an invalid_argument naming the call");
-  expect(throws_kind(gs::errc::invalid_argument,
-                     [&] { (void)dev.scratch<double>(all.subspan(4), n, "t.scratch", 2); }),
-         "scratch: misaligned workspace is rejected");
+  // Too small a workspace: invalid_argument naming the call.
+  CHECK(throws_kind(gs::errc::invalid_argument, [&] {
+    (void)dev.scratch<double>(all.first(n * sizeof(double) - 1), n, "t.scratch", 2);
+  }, &text));
+  CHECK(text.find("t.scratch") != std::string::npos);
+  // Misaligned workspace: rejected.
+  CHECK(throws_kind(gs::errc::invalid_argument,
+                    [&] { (void)dev.scratch<double>(all.subspan(4), n, "t.scratch", 2); }));
   {
     auto s = dev.scratch<float>({}, n, "t.scratch", 2);
     cudaPointerAttributes attr{};
     cuda_ok(cudaPointerGetAttributes(&attr, s.data()), "cudaPointerGetAttributes");
-    expect(s.data() != nullptr && attr.type == cudaMemoryTypeDevice, "owned scratch is device memory");
+    CHECK(s.data() != nullptr);
+    CHECK(attr.type == cudaMemoryTypeDevice); // owned scratch is device memory
     // Usable as an output on the stream it was allocated on.
     const auto a = random_values<float>(n, 7), b = random_values<float>(n, 8);
     std::vector<float> want(n);
@@ -215,48 +221,29 @@ void check_scratch(const gs::exec::cuda& dev) {
     dev.fence();
     std::vector<float> got(n);
     cuda_ok(cudaMemcpy(got.data(), s.data(), n * sizeof(float), cudaMemcpyDeviceToHost), "download");
-    expect(first_difference(got.data(), want.data(), n) == n, "owned scratch as reduce output");
+    CHECK(first_difference(got.data(), want.data(), n) == n); // usable as a reduce output
   } // freed with cudaFreeAsync on the stream
   dev.fence();
-  expect(dev.scratch<float>({}, 0, "t", 0).data() == nullptr, "scratch of 0 elements is null");
-  expect(throws_kind(gs::errc::internal,
-                     [&] { (void)dev.scratch<std::byte>({}, std::size_t{1} << 60, "t.scratch", 2); },
-                     &text) &&
-             text.find("cudaMallocAsync") != std::string::npos,
-         "scratch: a failed cudaMallocAsync is errc::internal naming the call");
+  CHECK(dev.scratch<float>({}, 0, "t", 0).data() == nullptr); // 0 elements: nothing
+  // A failed cudaMallocAsync: errc::internal naming the call.
+  CHECK(throws_kind(gs::errc::internal, [&] {
+    (void)dev.scratch<std::byte>({}, std::size_t{1} << 60, "t.scratch", 2);
+  }, &text));
+  CHECK(text.find("cudaMallocAsync") != std::string::npos);
   // The failure was reported once: the next launch is not blamed for it.
-  expect(throws_kind(gs::errc::internal, [&] {
-           dvec<float> d(n);
-           dev.reduce(d.p, d.p, d.p, n, gs::op::sum{});
-           dev.fence();
-         }) == false,
-         "scratch: a reported CUDA failure does not fail the next launch");
+  dvec<float> d(n);
+  CHECK_NOTHROW(dev.reduce(d.p, d.p, d.p, n, gs::op::sum{}));
+  CHECK_NOTHROW(dev.fence());
 }
 
 } // namespace
 
-int main() {
+int main(int argc, char** argv) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     std::printf("no CUDA device: skipped\n");
     return 77;
   }
-  cudaStream_t stream;
-  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  try {
-    const gs::exec::cuda dev(stream);
-    check_type<float>(dev);
-    check_type<double>(dev);
-    check_type<gs::half>(dev);
-    check_type<gs::bfloat16>(dev);
-    check_type<std::int32_t>(dev);
-    check_type<std::int64_t>(dev);
-    check_scratch(dev);
-  } catch (const std::exception& e) {
-    std::printf("FAIL: exception: %s\n", e.what());
-    return 1;
-  }
-  cuda_ok(cudaStreamDestroy(stream), "cudaStreamDestroy");
-  std::printf("%d checks, %d failures\n", checks, failures);
-  return failures == 0 ? 0 : 1;
+  doctest::Context ctx(argc, argv);
+  return ctx.run();
 }

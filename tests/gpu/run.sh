@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs the codecs' GPU test + bench (tests/gpu/test_codecs_gpu.cu)
-# on a machine with a CUDA GPU, printing versions, the checks and the GB/s
-# table. Meant to finish in well under 8 minutes on an H100/H200.
+# and the CUDA executor's test (tests/exec/test_cuda_executor.cu) on a machine
+# with a CUDA GPU, printing versions, the checks and the GB/s table. Meant to
+# finish in well under 8 minutes on an H100/H200.
 #
 #   tests/gpu/run.sh [BENCH_MiB]        (default 256 MiB of float input)
 #
@@ -41,9 +42,12 @@ fi
 # The flags of tests/gpu/meson.build (keep them in step).
 arch_flags=(-gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_90,code=compute_90 -fmad=false)
 
+have_doctest=0
+if printf '#include <doctest/doctest.h>\n' | "${CXX:-g++}" -std=c++20 -fsyntax-only -x c++ - 2>/dev/null; then
+  have_doctest=1
+fi
 have_meson=0
-if command -v meson >/dev/null && command -v ninja >/dev/null &&
-   printf '#include <doctest/doctest.h>\n' | "${CXX:-g++}" -std=c++20 -fsyntax-only -x c++ - 2>/dev/null; then
+if command -v meson >/dev/null && command -v ninja >/dev/null && [ "$have_doctest" = 1 ]; then
   have_meson=1
 fi
 
@@ -57,14 +61,21 @@ if [ "$have_meson" = 1 ]; then
     exit 1
   }
   tail -n 8 "$build.setup.log"
-  ninja -C "$build" -j "$(nproc)" tests/gpu/test_codecs_gpu
+  ninja -C "$build" -j "$(nproc)" tests/gpu/test_codecs_gpu tests/exec/exec_cuda
   bin="$build/tests/gpu/test_codecs_gpu"
+  exec_bin="$build/tests/exec/exec_cuda"
 else
   section "meson/ninja/doctest missing: building with nvcc directly"
   mkdir -p "$build"
   nvcc -std=c++20 -O3 -DNDEBUG "${arch_flags[@]}" -Xcompiler=-Wall,-Wextra -Iinclude \
     tests/gpu/test_codecs_gpu.cu -o "$build/test_codecs_gpu"
   bin="$build/test_codecs_gpu"
+  exec_bin=""
+  if [ "$have_doctest" = 1 ]; then # the executor test is a doctest suite
+    nvcc -std=c++20 -O3 -DNDEBUG "${arch_flags[@]}" -Xcompiler=-Wall,-Wextra -Iinclude \
+      tests/exec/test_cuda_executor.cu -o "$build/exec_cuda"
+    exec_bin="$build/exec_cuda"
+  fi
 fi
 
 section "correctness: device vs host"
@@ -78,10 +89,25 @@ case $rc in
   *) echo "correctness: FAIL (exit $rc)" ;;
 esac
 
+section "correctness: CUDA executor vs host executor"
+erc=0
+if [ -n "$exec_bin" ]; then
+  set +e
+  timeout 300 "$exec_bin"
+  erc=$?
+  set -e
+  case $erc in
+    0) echo "executor: PASS" ;;
+    *) echo "executor: FAIL (exit $erc)" ;;
+  esac
+else
+  echo "executor: NOT BUILT (doctest missing)"
+fi
+
 section "bench: $mib MiB of float input"
 set +e
 timeout 300 "$bin" --bench "$mib" --reps "$reps"
 brc=$?
 set -e
 section "done"
-[ "$rc" = 0 ] && [ "$brc" = 0 ]
+[ "$rc" = 0 ] && [ "$erc" = 0 ] && [ "$brc" = 0 ]
