@@ -135,11 +135,21 @@ inline constexpr std::size_t shm_timed_stores_min_bytes = 256;
 /// From this many bytes (all ranks' data of the call: allreduce's buffer,
 /// reduce_scatter's input, allgather's output) shm_direct reads peers'
 /// buffers straight from their memory (process_vm_readv) instead of copying
-/// through the arena, where the group could (shm communicator's single_copy()).
-/// Not yet measured: placeholder.
-inline constexpr std::size_t shm_single_copy_min_bytes = std::size_t{1} << 20;
+/// through the arena, where the group can (shm communicator's single_copy();
+/// GRADSYNC_SHM_SINGLE_COPY=<bytes> sets another size, `off` none).
+/// Never by default: on the CI VM (Firecracker guest, 4 KiB pages) the kernel
+/// spends ~0.4 us per page even on cached data (256 KiB calls: 10 GB/s, memcpy
+/// 44), so the arena, whose extra copies stay in the vCPUs' shared cache,
+/// wins at every size. 2 ranks, `gradsync-bench allreduce -t shm -a direct`
+/// busbw GB/s, arena / single copy, 3 alternating runs under chrt -f 10:
+/// 1 MiB 4.5-7.5 / 4.4-5.0, 4 MiB 3.6-4.7 / 3.1-3.5, 16 MiB 2.7-3.9 /
+/// 2.2-2.8, 64 MiB 2.1-3.6 / 2.0-2.4 (memcpy limit 5.3-6.3). Buffers on
+/// transparent huge pages narrow it (64 MiB 4.2 / 3.5-3.8); reduce_scatter
+/// 64 MiB 2.7 / 2.0; allgather ties up to 4 MiB (5.4 / 5.5), loses beyond.
+inline constexpr std::size_t shm_single_copy_min_bytes = ~std::size_t{0};
 /// Scratch a single-copy reduction reads the peers' pieces into (all peers
-/// together, at least 16 KiB each). Not yet measured: placeholder.
+/// together, at least 16 KiB each): stays in L2 with room for the output.
+/// 64 KiB was no faster (64 MiB allreduce 2.8 vs 2.7-3.1 GB/s).
 inline constexpr std::size_t shm_single_copy_scratch_bytes = std::size_t{256} << 10;
 
 /// CUDA codec kernels (compress/cuda/*.cuh): threads per block of the
