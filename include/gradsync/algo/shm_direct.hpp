@@ -40,7 +40,9 @@
 // no longer writes. Reduce-scatter and allgather read the same way (block r
 // of rank r's `in` is the only part r writes, and nobody else reads it).
 // A read that fails (the peer died) fails this rank with errc::peer_failed
-// and aborts the group, so no survivor waits for it.
+// and aborts the group, so no survivor waits for it. Off by default
+// (policy::shm_single_copy_min_bytes): where process_vm_readv pays for each
+// 4 KiB page as on the CI VM, the arena's cache-resident copies are faster.
 //
 // Determinism: every element is reduced as op(...op(x0, x1)..., x(p-1)) in
 // rank order, by one rank (large) or identically by all (small), so all ranks
