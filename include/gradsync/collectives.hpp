@@ -24,6 +24,7 @@
 #include "core/ops.hpp"
 #include "exec/executor.hpp"
 #include "exec/host.hpp"
+#include "transport/capabilities.hpp"
 #include "transport/subgroup.hpp"
 #include "transport/transport.hpp"
 
@@ -90,7 +91,7 @@ template <transport C> int grid_row_of(const C& c, const options& o) {
 namespace detail {
 // Whether collectives with executor E may run through c's shared arena.
 template <transport C, executor E> inline constexpr bool arena_for =
-    algo::shm_direct::arena_transport<C> && E::space == memory_space::host;
+    shared_arena<C> && E::space == memory_space::host;
 } // namespace detail
 
 /// The communicator as the cost model sees it under options `o` (groups from
@@ -192,6 +193,7 @@ void allreduce(C& c, E& ex, std::type_identity_t<std::span<const T>> in, std::sp
                const options& o = {}) {
   const char* name = "allreduce";
   const int r = c.rank();
+  const scoped_timeout guard(c, o.timeout); // options::timeout for this call only
   detail::check_span(in, name, r, "input");
   detail::check_span(out, name, r, "output");
   GRADSYNC_REQUIRE(out.size() >= in.size(), name, r,
@@ -259,6 +261,7 @@ void reduce_scatter(C& c, E& ex, std::type_identity_t<std::span<const T>> in, st
                     Op op = {}, const options& o = {}) {
   const char* name = "reduce_scatter";
   const int r = c.rank();
+  const scoped_timeout guard(c, o.timeout); // options::timeout for this call only
   detail::check_span(in, name, r, "input");
   detail::check_span(out, name, r, "output");
   const auto p = static_cast<std::size_t>(c.size());
@@ -303,6 +306,7 @@ void allgather(C& c, E& ex, std::type_identity_t<std::span<const T>> in, std::sp
                const options& o = {}) {
   const char* name = "allgather";
   const int r = c.rank();
+  const scoped_timeout guard(c, o.timeout); // options::timeout for this call only
   detail::check_span(in, name, r, "input");
   detail::check_span(out, name, r, "output");
   const auto p = static_cast<std::size_t>(c.size());
@@ -340,6 +344,7 @@ template <transport C, executor E, element T>
 void broadcast(C& c, E& ex, std::span<T> data, int root, const options& o = {}) {
   const char* name = "broadcast";
   const int r = c.rank();
+  const scoped_timeout guard(c, o.timeout); // options::timeout for this call only
   detail::check_span(data, name, r, "buffer");
   detail::check_root(root, c.size(), name, r);
   switch (const algorithm a = broadcast_algorithm<T>(c, data.size(), o)) {
@@ -377,6 +382,7 @@ void reduce(C& c, E& ex, std::type_identity_t<std::span<const T>> in, std::span<
             Op op = {}, const options& o = {}) {
   const char* name = "reduce";
   const int r = c.rank();
+  const scoped_timeout guard(c, o.timeout); // options::timeout for this call only
   detail::check_span(in, name, r, "input");
   detail::check_span(out, name, r, "output");
   detail::check_root(root, c.size(), name, r);
@@ -405,6 +411,7 @@ void reduce(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> out,
 
 /// Returns on each rank only after every rank has entered the barrier.
 template <transport C> void barrier(C& c, const options& o = {}) {
+  const scoped_timeout guard(c, o.timeout);
   algo::dissemination::barrier(c, o.tag);
 }
 

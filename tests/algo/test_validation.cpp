@@ -411,3 +411,35 @@ TEST_CASE_TEMPLATE("collectives: same bits run to run and on every rank (random 
                    gradsync::half, gradsync::bfloat16) {
   check_determinism<T>();
 }
+
+TEST_CASE("collectives: options::timeout bounds one call and leaves the communicator's default") {
+  // Rank 1 never joins; rank 0's allreduce must fail with errc::timeout after
+  // about the call's 200 ms (the world's timeout is 60 s), and a later call
+  // without options::timeout must run under the default again.
+  for (const algorithm a : {algorithm::ring, algorithm::rd, algorithm::tree}) {
+    INFO("algorithm " << algorithm_name(a));
+    std::atomic<long long> elapsed_ms{-1};
+    std::atomic<int> kind{-1};
+    std::atomic<long long> after_ms{-1};
+    inproc::run(2, [&](communicator& c) {
+      c.group().set_timeout(60s);
+      if (c.rank() == 0) {
+        std::vector<float> v(1000, 1.0f);
+        options o = with_algo(a);
+        o.timeout = 200ms;
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          allreduce(c, std::span(v), op::sum{}, o);
+        } catch (const error& e) {
+          kind = static_cast<int>(e.kind());
+        }
+        elapsed_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+        after_ms = c.timeout().count();
+      }
+    });
+    CHECK(kind.load() == static_cast<int>(errc::timeout));
+    CHECK(elapsed_ms.load() >= 150);
+    CHECK(elapsed_ms.load() < 5000);
+    CHECK(after_ms.load() == 60000);
+  }
+}
