@@ -1,6 +1,8 @@
 // gradsync: pipelined chain broadcast and reduce. Ranks form a line starting
 // at the root; data moves in segments, so after the pipeline fills every link
-// is busy: time ~ (p - 2 + nseg) segment steps, bandwidth term n.
+// is busy: time ~ (p - 2 + nseg) segment steps, bandwidth term n. Written
+// over a segment operation (segment_op.hpp): the broadcast forwards what it
+// received (recv-copy-send), the reduce is recv-reduce-send down the line.
 #pragma once
 
 #include <cstddef>
@@ -10,60 +12,98 @@
 #include "../core/ops.hpp"
 #include "../exec/executor.hpp"
 #include "schedule.hpp"
+#include "segment_op.hpp"
 
 namespace gradsync::algo::chain {
 
-/// Broadcast `count` elements of `data` from `root` along the chain
-/// root, root+1, ..., root-1.
-template <transport C, executor E, element T>
-void broadcast(C& c, E& ex, T* data, std::size_t count, int root, std::size_t seg_bytes, int tag) {
+/// Scratch bytes of broadcast over `sop`: rotating slots where received
+/// segments cannot land in place or the root's sends are staged.
+template <segment_op S>
+std::size_t broadcast_scratch_bytes(const S& sop, std::size_t count, std::size_t seg_bytes, int ranks) {
+  if (ranks <= 1 || (S::in_place_copy && !S::staged_send)) return 0;
+  return staging_slots * sop.slot_bytes(segmentation::make(partition{count, 1}, sizeof(typename S::value_type), seg_bytes).max_seg);
+}
+
+/// Broadcast over `sop` of `count` elements of `data` from `root` along the
+/// chain root, root+1, ..., root-1. `scratch`: broadcast_scratch_bytes(...).
+template <transport C, segment_op S>
+void broadcast(C& c, const S& sop, typename S::value_type* data, std::size_t count, int root,
+               std::size_t seg_bytes, int tag, std::byte* scratch) {
+  using T = typename S::value_type;
   const int p = c.size(), r = c.rank();
   if (p == 1 || count == 0) return;
-  ex.fence(); // the root's data may have been written by the executor
+  sop.fence(); // the root's data may have been written by the executor
   const int v = mod(r - root, p); // position in the chain
   const int next = v + 1 < p ? mod(r + 1, p) : -1, prev = v > 0 ? mod(r - 1, p) : -1;
   const auto g = segmentation::make(partition{count, 1}, sizeof(T), seg_bytes);
-  using req = request_t<C>;
-  using rreq = decltype(recv(c, data, 0, 0, 0));
-  std::vector<req> sends;
-  if (prev < 0) {
-    for (std::size_t j = 0; j < g.nseg; ++j)
-      if (const auto n = g.size(0, j)) sends.push_back(send(c, static_cast<const T*>(data + g.offset(0, j)), n, next, tag));
-    wait_all(sends);
-    return;
-  }
-  const std::size_t depth = policy::pipeline_depth;
-  std::vector<std::optional<rreq>> rq(depth);
-  auto post = [&](std::size_t j) { rq[j % depth].emplace(recv(c, data + g.offset(0, j), g.size(0, j), prev, tag)); };
+  const bool slotted = prev < 0 ? S::staged_send : !S::in_place_copy;
+  slot_pool<C> pool(scratch, slotted ? sop.slot_bytes(g.max_seg) : 0, staging_slots);
+  std::vector<request_t<C>> sends;
+  auto forward = [&](std::size_t j, std::span<const std::byte> w) {
+    if (next < 0) return;
+    if (slotted) pool.hold(j, c.isend(w, next, tag));
+    else sends.push_back(c.isend(w, next, tag));
+  };
   std::size_t nseg = 0;
   while (nseg < g.nseg && g.size(0, nseg)) ++nseg; // segments are non-increasing in size
-  for (std::size_t j = 0; j < std::min(depth, nseg); ++j) post(j);
-  for (std::size_t j = 0; j < nseg; ++j) {
-    rq[j % depth]->wait();
-    rq[j % depth].reset();
-    if (j + depth < nseg) post(j + depth);
-    if (next >= 0) sends.push_back(send(c, static_cast<const T*>(data + g.offset(0, j)), g.size(0, j), next, tag));
+  if (prev < 0) {
+    for (std::size_t j = 0; j < nseg; ++j) {
+      const auto w = sop.wire(data + g.offset(0, j), g.size(0, j), slotted ? pool.acquire(j) : nullptr);
+      if constexpr (S::staged_send) sop.fence();
+      forward(j, w);
+    }
+  } else {
+    // Receives run policy::pipeline_depth ahead, each into its own target.
+    const std::size_t depth = policy::pipeline_depth;
+    using rreq = decltype(post_recv<S>(c, std::span<std::byte>{}, 0, 0));
+    std::vector<std::optional<rreq>> rq(depth);
+    std::vector<std::span<std::byte>> target(depth);
+    auto post = [&](std::size_t j) {
+      const std::size_t n = g.size(0, j);
+      target[j % depth] = slotted ? std::span<std::byte>(pool.acquire(j), sop.slot_bytes(n))
+                                  : sop.recv_target(data + g.offset(0, j), n, nullptr);
+      rq[j % depth].emplace(post_recv<S>(c, target[j % depth], prev, tag));
+    };
+    for (std::size_t j = 0; j < std::min(depth, nseg); ++j) post(j);
+    for (std::size_t j = 0; j < nseg; ++j) {
+      rq[j % depth]->wait();
+      const auto got = arrived<S>(*rq[j % depth], target[j % depth]);
+      rq[j % depth].reset();
+      sop.copy(got, data + g.offset(0, j), g.size(0, j));
+      forward(j, got);
+      if (j + depth < nseg) post(j + depth);
+    }
   }
+  pool.drain();
   wait_all(sends);
 }
 
-/// Scratch elements of a chain reduce.
+/// Scratch elements of the typed chain reduce.
 inline std::size_t reduce_scratch_elems(std::size_t count, std::size_t elem_bytes,
                                         std::size_t seg_bytes, int ranks) {
   if (ranks <= 1) return 0;
   return 2 * policy::pipeline_depth * segmentation::make(partition{count, 1}, elem_bytes, seg_bytes).max_seg;
 }
 
-/// Reduce `count` elements of every rank's `in` into `out` at `root`
-/// (`out` is ignored elsewhere). The chain runs root+1, root+2, ..., root, so
-/// the result is op(...op(in[root+1], in[root+2])..., in[root]) for every element.
-template <transport C, executor E, element T, reduce_op Op>
-void reduce(C& c, E& ex, const T* in, T* out, std::size_t count, int root, Op op,
-            std::size_t seg_bytes, int tag, T* slot_mem) {
+/// Scratch bytes of reduce over `sop`: rotating receive slots (and, for
+/// staged operations, the far end's send staging).
+template <segment_op S>
+std::size_t reduce_scratch_bytes(const S& sop, std::size_t count, std::size_t seg_bytes, int ranks) {
+  if (ranks <= 1) return 0;
+  return staging_slots * sop.slot_bytes(segmentation::make(partition{count, 1}, sizeof(typename S::value_type), seg_bytes).max_seg);
+}
+
+/// Reduce over `sop` of `count` elements of every rank's `in` into `out` at
+/// `root` (`out` is ignored elsewhere). The chain runs root+1, root+2, ...,
+/// root, so the result is op(...op(in[root+1], in[root+2])..., in[root]) for
+/// every element. `scratch` holds reduce_scratch_bytes(sop, ...).
+template <transport C, segment_op S>
+void reduce(C& c, const S& sop, const typename S::value_type* in, typename S::value_type* out,
+            std::size_t count, int root, std::size_t seg_bytes, int tag, std::byte* scratch) {
+  using T = typename S::value_type;
   const int p = c.size(), r = c.rank();
   if (p == 1) {
-    ex.copy(out, in, count);
-    ex.finish(out, count, op, p);
+    sop.local(in, out, count);
     return;
   }
   if (count == 0) return;
@@ -73,39 +113,57 @@ void reduce(C& c, E& ex, const T* in, T* out, std::size_t count, int root, Op op
   const auto g = segmentation::make(partition{count, 1}, sizeof(T), seg_bytes);
   std::size_t nseg = 0;
   while (nseg < g.nseg && g.size(0, nseg)) ++nseg;
-  using req = request_t<C>;
-  using rreq = decltype(recv(c, slot_mem, 0, 0, 0));
+  const std::size_t nslots = staging_slots, stride = sop.slot_bytes(g.max_seg);
+  slot_pool<C> pool(scratch, stride, nslots); // receives and the sends out of them
   if (from < 0) { // the far end of the chain sends its input as is
-    std::vector<req> sends;
-    for (std::size_t j = 0; j < nseg; ++j) sends.push_back(send(c, in + g.offset(0, j), g.size(0, j), to, tag));
+    std::vector<request_t<C>> sends;
+    for (std::size_t j = 0; j < nseg; ++j) {
+      std::byte* st = S::staged_send ? pool.acquire(j) : nullptr;
+      auto rq = send_segment(c, sop, in + g.offset(0, j), g.size(0, j), st, to, tag);
+      if constexpr (S::staged_send) pool.hold(j, std::move(rq));
+      else sends.push_back(std::move(rq));
+    }
+    pool.drain();
     wait_all(sends);
     return;
   }
-  const std::size_t depth = policy::pipeline_depth, nslots = 2 * depth;
+  const std::size_t depth = policy::pipeline_depth;
+  using rreq = decltype(post_recv<S>(c, std::span<std::byte>{}, 0, 0));
   std::vector<std::optional<rreq>> rq(nslots);
-  std::vector<std::optional<req>> sq(nslots);
-  auto slot = [&](std::size_t j) { return slot_mem + (j % nslots) * g.max_seg; };
-  auto post = [&](std::size_t j) {
-    if (auto& s = sq[j % nslots]) { s->wait(); s.reset(); }
-    rq[j % nslots].emplace(recv(c, slot(j), g.size(0, j), from, tag));
-  };
+  auto span_of = [&](std::size_t j) { return std::span<std::byte>(scratch + (j % nslots) * stride, sop.slot_bytes(g.size(0, j))); };
+  auto post = [&](std::size_t j) { rq[j % nslots].emplace(post_recv<S>(c, {pool.acquire(j), sop.slot_bytes(g.size(0, j))}, from, tag)); };
   for (std::size_t j = 0; j < std::min(depth, nseg); ++j) post(j);
   for (std::size_t j = 0; j < nseg; ++j) {
     rq[j % nslots]->wait();
+    const auto got = arrived<S>(*rq[j % nslots], span_of(j));
     rq[j % nslots].reset();
     const auto off = g.offset(0, j), n = g.size(0, j);
     if (to < 0) {
-      ex.reduce(out + off, static_cast<const T*>(slot(j)), in + off, n, op);
-      ex.finish(out + off, n, op, p);
+      sop.combine(got, in + off, out + off, n, true);
+      sop.finish(out + off, n);
     } else {
-      ex.reduce(slot(j), static_cast<const T*>(slot(j)), in + off, n, op);
-      ex.fence();
-      sq[j % nslots].emplace(send(c, static_cast<const T*>(slot(j)), n, to, tag));
+      const auto w = sop.reduce(got, in + off, n, span_of(j).data()); // recv-reduce-send
+      sop.fence();
+      pool.hold(j, c.isend(w, to, tag));
     }
     if (j + depth < nseg) post(j + depth);
   }
-  for (auto& s : sq)
-    if (s) s->wait();
+  pool.drain();
+}
+
+/// Typed broadcast on executor `ex` (no scratch).
+template <transport C, executor E, element T>
+void broadcast(C& c, E& ex, T* data, std::size_t count, int root, std::size_t seg_bytes, int tag) {
+  broadcast(c, typed_reduce<T, op::sum, E>{ex, op::sum{}, c.size()}, data, count, root, seg_bytes, tag,
+            nullptr);
+}
+
+/// Typed reduce on executor `ex`; `scratch` holds reduce_scratch_elems(...).
+template <transport C, executor E, element T, reduce_op Op>
+void reduce(C& c, E& ex, const T* in, T* out, std::size_t count, int root, Op op,
+            std::size_t seg_bytes, int tag, T* scratch) {
+  reduce(c, typed_reduce<T, Op, E>{ex, op, c.size()}, in, out, count, root, seg_bytes, tag,
+         reinterpret_cast<std::byte*>(scratch));
 }
 
 } // namespace gradsync::algo::chain

@@ -12,6 +12,9 @@
 // pipeline never stalls on a chain of same-step waits and cannot deadlock.
 // Time ~ (nseg + 2H) steps; bandwidth ~ 2n bytes per rank.
 //
+// Written over a segment operation (segment_op.hpp): partials are combined
+// into typed accumulators; the broadcast forwards the bytes it received.
+//
 // Determinism: a node combines op(op(own, left child), right child); each
 // half's result comes from its root and is copied down, so every rank holds
 // the same bits. The trees use tags `tag` and `tag + 1`.
@@ -26,14 +29,27 @@
 #include "../exec/executor.hpp"
 #include "pairwise.hpp"
 #include "schedule.hpp"
+#include "segment_op.hpp"
 
 namespace gradsync::algo::dbtree {
 
-/// Scratch elements of allreduce: one receive segment per child.
+/// Scratch elements of the typed allreduce: one receive segment per child.
 inline std::size_t allreduce_scratch_elems(std::size_t count, std::size_t elem_bytes,
                                            std::size_t seg_bytes, int ranks) {
   if (ranks <= 1) return 0;
   return 2 * segmentation::make(partition{count, 2}, elem_bytes, seg_bytes).max_seg;
+}
+
+/// Scratch bytes of allreduce over `sop`: a receive slot per child, and per
+/// tree rotating slots for staged upward sends and for downward segments
+/// that cannot be received in place (or the root's staged ones).
+template <segment_op S>
+std::size_t allreduce_scratch_bytes(const S& sop, std::size_t count, std::size_t seg_bytes, int ranks) {
+  if (ranks <= 1) return 0;
+  const std::size_t stride =
+      sop.slot_bytes(segmentation::make(partition{count, 2}, sizeof(typename S::value_type), seg_bytes).max_seg);
+  const std::size_t pools = (S::staged_send ? 1 : 0) + (S::staged_send || !S::in_place_copy ? 1 : 0);
+  return stride * (2 + 2 * pools * staging_slots);
 }
 
 /// One rank's place in a heap-ordered binary tree of `p` nodes.
@@ -50,12 +66,14 @@ struct heap_node {
   }
 };
 
-/// Allreduce of `count` elements from `in` into `out` (may be equal).
-template <transport C, executor E, element T, reduce_op Op>
-void allreduce(C& c, E& ex, const T* in, T* out, std::size_t count, Op op, std::size_t seg_bytes, int tag,
-               T* scratch) {
+/// Allreduce over segment operation `sop` of `count` elements from `in` into
+/// `out` (may be equal); `scratch` holds allreduce_scratch_bytes(sop, ...).
+template <transport C, segment_op S>
+void allreduce(C& c, const S& sop, const typename S::value_type* in, typename S::value_type* out,
+               std::size_t count, std::size_t seg_bytes, int tag, std::byte* scratch) {
+  using T = typename S::value_type;
   const int p = c.size(), r = c.rank();
-  if (pairwise::trivial(ex, p, in, out, count, op)) return;
+  if (pairwise::trivial(sop, p, in, out, count)) return;
   const auto g = segmentation::make(partition{count, 2}, sizeof(T), seg_bytes);
   const auto nseg = static_cast<long long>(g.nseg);
   const int H = heap_node(p, 0).height;
@@ -63,6 +81,21 @@ void allreduce(C& c, E& ex, const T* in, T* out, std::size_t count, Op op, std::
   const std::array<heap_node, 2> me{heap_node(p, r), heap_node(p, p - 1 - r)};
   auto rank_of = [&](int t, int node) { return t == 0 ? node : p - 1 - node; };
   using req = request_t<C>;
+  const std::size_t stride = sop.slot_bytes(g.max_seg);
+  std::byte* pools = scratch + 2 * stride;
+  auto pool_at = [&]() {
+    std::byte* m = pools;
+    pools += staging_slots * stride;
+    return slot_pool<C>(m, stride, staging_slots);
+  };
+  // Per tree: staged upward sends; downward segments that live in a slot.
+  constexpr bool down_slotted_any = S::staged_send || !S::in_place_copy;
+  std::array<slot_pool<C>, 2> up_stage{slot_pool<C>(nullptr, 0, 1), slot_pool<C>(nullptr, 0, 1)};
+  std::array<slot_pool<C>, 2> down_slot{slot_pool<C>(nullptr, 0, 1), slot_pool<C>(nullptr, 0, 1)};
+  for (int t = 0; t < 2; ++t) {
+    if (S::staged_send) up_stage[static_cast<std::size_t>(t)] = pool_at();
+    if (down_slotted_any) down_slot[static_cast<std::size_t>(t)] = pool_at();
+  }
   std::array<std::vector<std::optional<req>>, 2> up; // per tree, per segment
   for (auto& u : up) u.resize(g.nseg);
   std::vector<req> down;
@@ -78,16 +111,19 @@ void allreduce(C& c, E& ex, const T* in, T* out, std::size_t count, Op op, std::
           const T* cur = in + off;
           for (std::size_t k = 0; k < 2; ++k)
             if (m.child[k] >= 0) {
-              T* slot = scratch + k * g.max_seg;
-              recv(c, slot, n, rank_of(t, m.child[k]), ttag).wait();
-              ex.reduce(out + off, cur, static_cast<const T*>(slot), n, op);
+              const auto got = recv_segment<S>(c, {scratch + k * stride, sop.slot_bytes(n)},
+                                               rank_of(t, m.child[k]), ttag);
+              sop.combine(got, cur, out + off, n, false);
               cur = out + off;
             }
           if (m.parent >= 0) {
-            if (cur != in + off) ex.fence();
-            up[b][js].emplace(send(c, cur, n, rank_of(t, m.parent), ttag));
+            if (cur != in + off) sop.fence();
+            std::byte* st = S::staged_send ? up_stage[b].acquire(js) : nullptr;
+            auto rq = send_segment(c, sop, cur, n, st, rank_of(t, m.parent), ttag);
+            if constexpr (S::staged_send) up_stage[b].hold(js, std::move(rq));
+            else up[b][js].emplace(std::move(rq));
           } else {
-            ex.finish(out + off, n, op, p);
+            sop.finish(out + off, n);
           } // the root has children since p >= 2
         }
       }
@@ -95,17 +131,31 @@ void allreduce(C& c, E& ex, const T* in, T* out, std::size_t count, Op op, std::
         const auto js = static_cast<std::size_t>(j);
         const std::size_t off = g.offset(b, js), n = g.size(b, js);
         if (n) {
+          const bool slotted = m.parent < 0 ? S::staged_send : !S::in_place_copy;
+          std::byte* const sl = slotted ? down_slot[b].acquire(js) : nullptr;
+          std::span<const std::byte> w;
           if (m.parent >= 0) {
             if (auto& u = up[b][js]) { u->wait(); u.reset(); } // out[off..] may be in flight
-            recv(c, out + off, n, rank_of(t, m.parent), ttag).wait();
+            const std::span<std::byte> dst = slotted ? std::span<std::byte>(sl, sop.slot_bytes(n))
+                                                     : sop.recv_target(out + off, n, nullptr);
+            const auto got = recv_segment<S>(c, dst, rank_of(t, m.parent), ttag);
+            sop.copy(got, out + off, n); // recv-copy-send: forward what arrived
+            w = got;
           } else {
-            ex.fence(); // the root's finished segment
+            sop.fence(); // the root's finished segment
+            w = sop.wire(out + off, n, sl);
+            if constexpr (S::staged_send) sop.fence();
           }
           for (int ch : m.child)
-            if (ch >= 0) down.push_back(send(c, static_cast<const T*>(out + off), n, rank_of(t, ch), ttag));
+            if (ch >= 0) {
+              if (slotted) down_slot[b].hold(js, c.isend(w, rank_of(t, ch), ttag));
+              else down.push_back(c.isend(w, rank_of(t, ch), ttag));
+            }
         }
       }
     }
+  for (auto* v : {&up_stage, &down_slot})
+    for (auto& pl : *v) pl.drain();
   wait_all(down);
 }
 

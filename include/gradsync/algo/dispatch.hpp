@@ -31,8 +31,8 @@ inline std::size_t flat_scratch_elems(algorithm a, std::size_t count, std::size_
     return ring::scratch_elems(partition{count, static_cast<std::size_t>(ranks)}, elem_bytes, seg_bytes, ranks);
   case algorithm::tree: return tree::allreduce_scratch_elems(count, elem_bytes, seg_bytes, ranks);
   case algorithm::dbtree: return dbtree::allreduce_scratch_elems(count, elem_bytes, seg_bytes, ranks);
-  case algorithm::rd: return recursive_doubling::allreduce_scratch_elems(count, elem_bytes, seg_bytes, ranks);
-  case algorithm::rabenseifner: return rabenseifner::allreduce_scratch_elems(count, elem_bytes, seg_bytes, ranks);
+  case algorithm::rd:
+  case algorithm::rabenseifner: return pairwise::scratch_elems(count, elem_bytes, seg_bytes, ranks);
   default: return 0;
   }
 }
@@ -46,16 +46,20 @@ inline std::size_t any_flat_scratch_elems(std::size_t count, std::size_t elem_by
   return m;
 }
 
-/// Runs flat allreduce `a`; throws naming `op` for non-flat algorithms.
+/// Runs flat allreduce `a` with the typed reduction on executor `ex`
+/// (`scratch`: flat_scratch_elems(a, ...) elements); throws naming `op` for
+/// non-flat algorithms.
 template <transport C, executor E, element T, reduce_op Op>
 void flat_allreduce(algorithm a, C& c, E& ex, const T* in, T* out, std::size_t count, Op op,
                     std::size_t seg_bytes, int tag, T* scratch, const char* opname = "allreduce") {
+  const typed_reduce<T, Op, E> sop{ex, op, c.size()};
+  auto* ws = reinterpret_cast<std::byte*>(scratch);
   switch (a) {
   case algorithm::ring: return ring::allreduce(c, ex, in, out, count, op, seg_bytes, tag, scratch);
-  case algorithm::tree: return tree::allreduce(c, ex, in, out, count, op, seg_bytes, tag, scratch);
-  case algorithm::dbtree: return dbtree::allreduce(c, ex, in, out, count, op, seg_bytes, tag, scratch);
-  case algorithm::rd: return recursive_doubling::allreduce(c, ex, in, out, count, op, seg_bytes, tag, scratch);
-  case algorithm::rabenseifner: return rabenseifner::allreduce(c, ex, in, out, count, op, seg_bytes, tag, scratch);
+  case algorithm::tree: return tree::allreduce(c, sop, in, out, count, seg_bytes, tag, ws);
+  case algorithm::dbtree: return dbtree::allreduce(c, sop, in, out, count, seg_bytes, tag, ws);
+  case algorithm::rd: return recursive_doubling::allreduce(c, sop, in, out, count, seg_bytes, tag, ws);
+  case algorithm::rabenseifner: return rabenseifner::allreduce(c, sop, in, out, count, seg_bytes, tag, ws);
   default:
     throw error(opname, c.rank(), -1,
                 "algorithm '" + std::string(algorithm_name(a)) + "' is not a single-level schedule");

@@ -1,6 +1,8 @@
 // gradsync: pairwise exchange steps shared by recursive doubling and
 // Rabenseifner's algorithm, and the fold that reduces any rank count to a
-// power of two for them.
+// power of two for them. Written over a segment operation (segment_op.hpp):
+// a step sends the wire form of a local range and combines (or copies) what
+// the partner sent.
 //
 // Determinism: two partners always combine as op(lower rank's data, higher
 // rank's data), so both compute bitwise the same value.
@@ -14,6 +16,7 @@
 #include "../core/ops.hpp"
 #include "../exec/executor.hpp"
 #include "schedule.hpp"
+#include "segment_op.hpp"
 
 namespace gradsync::algo::pairwise {
 
@@ -22,20 +25,33 @@ inline std::size_t seg_elems(std::size_t elem_bytes, std::size_t seg_bytes) {
   return std::max<std::size_t>(1, seg_bytes / std::max<std::size_t>(1, elem_bytes));
 }
 
-/// Scratch elements of a segmented exchange of up to `count` elements.
+/// Sends an operation stages in flight per exchange (each in its own slot).
+inline constexpr std::size_t send_slots = policy::pipeline_depth;
+
+/// Scratch elements of a segmented exchange of up to `count` elements with
+/// the typed reduction (one receive segment).
 inline std::size_t scratch_elems(std::size_t count, std::size_t elem_bytes, std::size_t seg_bytes,
                                  int ranks) {
   return ranks <= 1 ? 0 : std::min(count, seg_elems(elem_bytes, seg_bytes));
 }
 
+/// Scratch bytes of a segmented exchange of up to `count` elements with
+/// `sop`: one receive slot, plus rotating send staging where it stages
+/// (scratch_elems(...) elements of the typed reduction).
+template <segment_op S>
+std::size_t scratch_bytes(const S& sop, std::size_t count, std::size_t seg_bytes, int ranks) {
+  const std::size_t n = scratch_elems(count, sizeof(typename S::value_type), seg_bytes, ranks);
+  return n == 0 ? 0 : sop.slot_bytes(n) * (1 + (S::staged_send ? send_slots : 0));
+}
+
 /// Handles what every allreduce does alike: a single rank or an empty
 /// vector (copy, and avg's division, which is a no-op for one rank).
 /// Returns whether it did.
-template <executor E, element T, reduce_op Op>
-bool trivial(E& ex, int ranks, const T* in, T* out, std::size_t count, Op op) {
+template <segment_op S>
+bool trivial(const S& sop, int ranks, const typename S::value_type* in, typename S::value_type* out,
+             std::size_t count) {
   if (ranks != 1 && count != 0) return false;
-  ex.copy(out, in, count);
-  ex.finish(out, count, op, ranks);
+  sop.local(in, out, count);
   return true;
 }
 
@@ -59,86 +75,144 @@ struct fold {
   int steps() const { return std::countr_zero(static_cast<unsigned>(pof2)); }
 };
 
+/// The sending half of an exchange: `total` elements at `snd` go to `peer`
+/// in segments of `seg`. Operations whose wire form views the elements post
+/// every segment at once; staging ones keep send_slots in flight, each
+/// encoded into its own slot of `stage`.
+template <transport C, segment_op S> class segment_sender {
+public:
+  using T = typename S::value_type;
+  segment_sender(C& c, const S& sop, const T* snd, std::size_t total, std::size_t seg, std::byte* stage,
+                 std::size_t stride, int peer, int tag)
+      : c_(c), sop_(sop), snd_(snd), total_(total), seg_(seg), nseg_((total + seg - 1) / seg),
+        pool_(stage, stride, S::staged_send ? send_slots : 1), peer_(peer), tag_(tag) {
+    post(S::staged_send ? send_slots : nseg_);
+  }
+  /// Posts the segments before `upto` (as far as staging allows).
+  void post(std::size_t upto) {
+    for (; posted_ < std::min(upto, nseg_); ++posted_) {
+      const std::size_t off = posted_ * seg_, n = std::min(seg_, total_ - off);
+      if constexpr (S::staged_send) {
+        std::byte* st = pool_.acquire(posted_);
+        pool_.hold(posted_, send_segment(c_, sop_, snd_ + off, n, st, peer_, tag_));
+      } else {
+        sends_.push_back(send_segment(c_, sop_, snd_ + off, n, nullptr, peer_, tag_));
+      }
+    }
+  }
+  /// One more segment in flight, where staging holds it back.
+  void advance() {
+    if constexpr (S::staged_send) post(posted_ + 1);
+  }
+  /// Before elements below `hi` of the send range change: waits for the
+  /// sends that read them (only wire forms that view the elements read late).
+  void release(std::size_t hi) {
+    if constexpr (!S::staged_send)
+      for (; waited_ < sends_.size() && waited_ * seg_ < hi; ++waited_) sends_[waited_].wait();
+  }
+  /// Posts what is left and waits for every send.
+  void finish() {
+    post(nseg_);
+    pool_.drain();
+    sends_.erase(sends_.begin(), sends_.begin() + static_cast<std::ptrdiff_t>(waited_));
+    wait_all(sends_);
+  }
+
+private:
+  C& c_;
+  const S& sop_;
+  const T* snd_;
+  std::size_t total_, seg_, nseg_, posted_ = 0, waited_ = 0;
+  slot_pool<C> pool_;
+  std::vector<request_t<C>> sends_;
+  int peer_, tag_;
+};
+
 /// Sends `send_n` elements of `snd` to `peer` and receives `keep_n` elements
 /// from it, setting acc = op(lower, higher) where this rank's operand is `mine`
 /// (`i_am_lower` says which side it is). Both transfers are cut into segments
-/// of `seg` elements staged through `tmp`. `acc` may alias `mine`, and `snd`
-/// may alias both (each segment is overwritten only after it has been sent).
-template <transport C, executor E, element T, reduce_op Op>
-void exchange_combine(C& c, E& ex, int peer, bool i_am_lower, const T* snd, std::size_t send_n,
-                      const T* mine, T* acc, std::size_t keep_n, Op op, std::size_t seg, int tag,
-                      T* tmp) {
-  using req = request_t<C>;
-  std::vector<req> sends;
-  sends.reserve((send_n + seg - 1) / seg);
-  ex.fence(); // `snd` may have been written by the executor
-  for (std::size_t off = 0; off < send_n; off += seg)
-    sends.push_back(send(c, snd + off, std::min(seg, send_n - off), peer, tag));
-  std::size_t waited = 0; // sends [0, waited) are complete
+/// of `seg` elements; received ones are staged in `scratch`
+/// (scratch_bytes(...)). `acc` may alias `mine`, and `snd` may alias both
+/// (each segment is overwritten only after it has been sent).
+template <transport C, segment_op S>
+void exchange_combine(C& c, const S& sop, int peer, bool i_am_lower, const typename S::value_type* snd,
+                      std::size_t send_n, const typename S::value_type* mine, typename S::value_type* acc,
+                      std::size_t keep_n, std::size_t seg, int tag, std::byte* scratch) {
+  const std::size_t stride = sop.slot_bytes(std::min(seg, std::max(send_n, keep_n)));
+  sop.fence(); // `snd` may have been written by the executor
+  segment_sender<C, S> out(c, sop, snd, send_n, seg, scratch + stride, stride, peer, tag);
   for (std::size_t off = 0; off < keep_n; off += seg) {
     const std::size_t n = std::min(seg, keep_n - off);
-    recv(c, tmp, n, peer, tag).wait();
-    // Before acc[off, off+n) changes, every send that may read it must be done.
-    if (snd < acc + off + n && acc + off < snd + send_n)
-      for (; waited < sends.size() && waited * seg < static_cast<std::size_t>(acc + off + n - snd); ++waited)
-        sends[waited].wait();
-    if (i_am_lower)
-      ex.reduce(acc + off, mine + off, static_cast<const T*>(tmp), n, op);
-    else
-      ex.reduce(acc + off, static_cast<const T*>(tmp), mine + off, n, op);
+    const auto got = recv_segment<S>(c, {scratch, sop.slot_bytes(n)}, peer, tag);
+    if (snd < acc + off + n && acc + off < snd + send_n) // acc[off, off+n) is about to change
+      out.release(static_cast<std::size_t>(acc + off + n - snd));
+    sop.combine(got, mine + off, acc + off, n, !i_am_lower);
+    out.advance();
   }
-  sends.erase(sends.begin(), sends.begin() + static_cast<std::ptrdiff_t>(waited));
-  wait_all(sends);
+  out.finish();
 }
 
 /// Sends `send_n` elements of `snd` to `peer` and receives `recv_n` into `dst`.
-template <transport C, executor E, element T>
-void exchange_copy(C& c, E& ex, int peer, const T* snd, std::size_t send_n, T* dst, std::size_t recv_n,
-                   int tag) {
-  std::vector<request_t<C>> sends;
-  ex.fence();
-  if (send_n) sends.push_back(send(c, snd, send_n, peer, tag));
-  if (recv_n) recv(c, dst, recv_n, peer, tag).wait();
-  wait_all(sends);
+/// Operations whose wire form is the elements move each range as one
+/// message; others in segments of `seg`, received through `scratch`.
+template <transport C, segment_op S>
+void exchange_copy(C& c, const S& sop, int peer, const typename S::value_type* snd, std::size_t send_n,
+                   typename S::value_type* dst, std::size_t recv_n, std::size_t seg, int tag, std::byte* scratch) {
+  constexpr bool whole = S::in_place_copy && !S::staged_send;
+  const std::size_t cseg = whole ? std::max<std::size_t>({send_n, recv_n, 1}) : seg;
+  const std::size_t stride = whole ? 0 : sop.slot_bytes(std::min(seg, std::max(send_n, recv_n)));
+  sop.fence();
+  segment_sender<C, S> out(c, sop, snd, send_n, cseg, scratch + stride, stride, peer, tag);
+  for (std::size_t off = 0; off < recv_n; off += cseg) {
+    const std::size_t n = std::min(cseg, recv_n - off);
+    const std::span<std::byte> t = S::in_place_copy ? sop.recv_target(dst + off, n, nullptr)
+                                                    : std::span<std::byte>(scratch, sop.slot_bytes(n));
+    sop.copy(recv_segment<S>(c, t, peer, tag), dst + off, n);
+    out.advance();
+  }
+  out.finish();
 }
 
 /// The fold's first half: an even rank r < 2*rem sends `in` to r+1; an odd
 /// one sets out = op(in[r-1], in[r]); every other rank copies in to out.
-template <transport C, executor E, element T, reduce_op Op>
-void fold_in(C& c, E& ex, const fold& f, const T* in, T* out, std::size_t count, Op op, std::size_t seg,
-             int tag, T* tmp) {
+template <transport C, segment_op S>
+void fold_in(C& c, const S& sop, const fold& f, const typename S::value_type* in, typename S::value_type* out,
+             std::size_t count, std::size_t seg, int tag, std::byte* scratch) {
   const int r = c.rank();
   if (r >= 2 * f.rem) {
-    ex.copy(out, in, count);
+    sop.assign(out, in, count);
   } else if (r % 2 == 0) {
-    exchange_combine(c, ex, r + 1, true, in, count, in, out, 0, op, seg, tag, tmp);
+    exchange_combine(c, sop, r + 1, true, in, count, in, out, 0, seg, tag, scratch);
   } else {
-    exchange_combine(c, ex, r - 1, false, in, 0, in, out, count, op, seg, tag, tmp);
+    exchange_combine(c, sop, r - 1, false, in, 0, in, out, count, seg, tag, scratch);
   }
 }
 
 /// The fold's second half: each odd rank r < 2*rem hands the result to r-1.
-template <transport C, executor E, element T>
-void fold_out(C& c, E& ex, const fold& f, T* out, std::size_t count, int tag) {
+template <transport C, segment_op S>
+void fold_out(C& c, const S& sop, const fold& f, typename S::value_type* out, std::size_t count,
+              std::size_t seg, int tag, std::byte* scratch) {
   const int r = c.rank();
   if (r >= 2 * f.rem) return;
-  if (r % 2) exchange_copy(c, ex, r - 1, static_cast<const T*>(out), count, out, 0, tag);
-  else exchange_copy(c, ex, r + 1, static_cast<const T*>(out), 0, out, count, tag);
+  using T = typename S::value_type;
+  if (r % 2) exchange_copy(c, sop, r - 1, static_cast<const T*>(out), count, out, 0, seg, tag, scratch);
+  else exchange_copy(c, sop, r + 1, static_cast<const T*>(out), 0, out, count, seg, tag, scratch);
 }
 
 /// The frame of a power-of-two schedule on any rank count: handles the
 /// trivial cases, folds, runs `body(v, f, seg)` on each surviving rank (v: its
-/// rank among the survivors, seg: segment elements), unfolds.
-template <transport C, executor E, element T, reduce_op Op, class Body>
-void folded(C& c, E& ex, const T* in, T* out, std::size_t count, Op op, std::size_t seg_bytes, int tag,
-            T* scratch, Body&& body) {
+/// rank among the survivors, seg: segment elements), unfolds. `scratch`
+/// holds scratch_bytes(sop, count, ...).
+template <transport C, segment_op S, class Body>
+void folded(C& c, const S& sop, const typename S::value_type* in, typename S::value_type* out,
+            std::size_t count, std::size_t seg_bytes, int tag, std::byte* scratch, Body&& body) {
   const int p = c.size();
-  if (trivial(ex, p, in, out, count, op)) return;
+  if (trivial(sop, p, in, out, count)) return;
   const fold f(p);
-  const std::size_t seg = seg_elems(sizeof(T), seg_bytes);
-  fold_in(c, ex, f, in, out, count, op, seg, tag, scratch);
+  const std::size_t seg = seg_elems(sizeof(typename S::value_type), seg_bytes);
+  fold_in(c, sop, f, in, out, count, seg, tag, scratch);
   if (const int v = f.inner(c.rank()); v >= 0) body(v, f, seg);
-  fold_out(c, ex, f, out, count, tag);
+  fold_out(c, sop, f, out, count, seg, tag, scratch);
 }
 
 } // namespace gradsync::algo::pairwise

@@ -16,18 +16,18 @@
 #include "../exec/executor.hpp"
 #include "pairwise.hpp"
 #include "schedule.hpp"
+#include "segment_op.hpp"
 
 namespace gradsync::algo::rabenseifner {
 
-/// Scratch elements of allreduce: one receive segment.
-inline constexpr auto allreduce_scratch_elems = pairwise::scratch_elems;
-
-/// Allreduce of `count` elements from `in` into `out` (may be equal).
-template <transport C, executor E, element T, reduce_op Op>
-void allreduce(C& c, E& ex, const T* in, T* out, std::size_t count, Op op, std::size_t seg_bytes, int tag,
-               T* scratch) {
-  const int p = c.size();
-  pairwise::folded(c, ex, in, out, count, op, seg_bytes, tag, scratch, [&](int v, const pairwise::fold& f, std::size_t seg) {
+/// Allreduce over segment operation `sop` of `count` elements from `in` into
+/// `out` (may be equal); `scratch` holds pairwise::scratch_bytes(sop, count, ...)
+/// (pairwise::scratch_elems(...) elements of the typed reduction).
+template <transport C, segment_op S>
+void allreduce(C& c, const S& sop, const typename S::value_type* in, typename S::value_type* out,
+               std::size_t count, std::size_t seg_bytes, int tag, std::byte* scratch) {
+  using T = typename S::value_type;
+  pairwise::folded(c, sop, in, out, count, seg_bytes, tag, scratch, [&](int v, const pairwise::fold& f, std::size_t seg) {
     const partition blocks{count, static_cast<std::size_t>(f.pof2)};
     auto at = [&](std::size_t b) { return out + blocks.offset(b); };
     auto len = [&](std::size_t lo, std::size_t hi) { return blocks.offset(hi) - blocks.offset(lo); };
@@ -38,19 +38,18 @@ void allreduce(C& c, E& ex, const T* in, T* out, std::size_t count, Op op, std::
       const bool lower = (v & mask) == 0; // the lower rank keeps the lower half
       const std::size_t klo = lower ? lo : mid, khi = lower ? mid : hi;
       const std::size_t slo = lower ? mid : lo, shi = lower ? hi : mid;
-      pairwise::exchange_combine(c, ex, f.outer(w), lower, static_cast<const T*>(at(slo)), len(slo, shi),
-                                 static_cast<const T*>(at(klo)), at(klo), len(klo, khi), op, seg, tag,
-                                 scratch);
+      pairwise::exchange_combine(c, sop, f.outer(w), lower, static_cast<const T*>(at(slo)), len(slo, shi),
+                                 static_cast<const T*>(at(klo)), at(klo), len(klo, khi), seg, tag, scratch);
       lo = klo;
       hi = khi;
     }
-    ex.finish(at(lo), len(lo, hi), op, p); // block v is final
+    sop.finish(at(lo), len(lo, hi)); // block v is final
     for (int mask = 1; mask < f.pof2; mask *= 2) {
       const int w = v ^ mask;
       const auto m = static_cast<std::size_t>(mask);
       const std::size_t plo = (v & mask) ? lo - m : hi; // the partner's range adjoins ours
-      pairwise::exchange_copy(c, ex, f.outer(w), static_cast<const T*>(at(lo)), len(lo, hi), at(plo),
-                              len(plo, plo + m), tag);
+      pairwise::exchange_copy(c, sop, f.outer(w), static_cast<const T*>(at(lo)), len(lo, hi), at(plo),
+                              len(plo, plo + m), seg, tag, scratch);
       lo = std::min(lo, plo);
       hi = lo + 2 * m;
     }

@@ -11,28 +11,24 @@
 
 #include <cstddef>
 
-#include "../core/ops.hpp"
-#include "../exec/executor.hpp"
-#include "pairwise.hpp"
-#include "schedule.hpp"
+#include "pairwise.hpp" // (with schedule.hpp and segment_op.hpp)
 
 namespace gradsync::algo::recursive_doubling {
 
-/// Scratch elements of allreduce: one receive segment.
-inline constexpr auto allreduce_scratch_elems = pairwise::scratch_elems;
-
-/// Allreduce of `count` elements from `in` into `out` (may be equal).
-template <transport C, executor E, element T, reduce_op Op>
-void allreduce(C& c, E& ex, const T* in, T* out, std::size_t count, Op op, std::size_t seg_bytes, int tag,
-               T* scratch) {
-  pairwise::folded(c, ex, in, out, count, op, seg_bytes, tag, scratch, [&](int v, const pairwise::fold& f, std::size_t seg) {
-    for (int mask = 1; mask < f.pof2; mask <<= 1) {
-      const int w = v ^ mask;
-      pairwise::exchange_combine(c, ex, f.outer(w), v < w, static_cast<const T*>(out), count,
-                                 static_cast<const T*>(out), out, count, op, seg, tag, scratch);
-    }
+/// Allreduce over segment operation `sop` (elements T) of `count` elements
+/// from `in` into `out` (may be equal). `scratch`: pairwise::scratch_bytes(sop,
+/// count, ...), which for the typed reduction is pairwise::scratch_elems(...).
+template <transport C, segment_op S, class T = typename S::value_type>
+void allreduce(C& c, const S& sop, const T* in, T* out, std::size_t count, std::size_t seg_bytes, int tag,
+               std::byte* scratch) {
+  if (pairwise::trivial(sop, c.size(), in, out, count)) return;
+  const T* const whole = out; // each step sends the whole current vector
+  pairwise::folded(c, sop, in, out, count, seg_bytes, tag, scratch, [&](int v, const pairwise::fold& f, std::size_t seg) {
+    for (int mask = 1; mask < f.pof2; mask <<= 1)
+      pairwise::exchange_combine(c, sop, f.outer(v ^ mask), v < (v ^ mask), whole, count, whole, out, count, seg, tag,
+                                 scratch);
   });
-  ex.finish(out, count, op, c.size()); // once, on identical values everywhere
+  sop.finish(out, count); // once, on identical values everywhere
 }
 
 } // namespace gradsync::algo::recursive_doubling

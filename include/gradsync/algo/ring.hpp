@@ -25,9 +25,8 @@
 
 namespace gradsync::algo::ring {
 
-/// Staging slots of a phase: depth receives in flight plus depth forwarded
-/// sends still draining.
-inline constexpr int slots = 2 * policy::pipeline_depth;
+/// Staging slots of a phase (segment_op.hpp).
+inline constexpr std::size_t slots = staging_slots;
 
 /// Bytes of one staging slot of `sop` for segments of up to `n` elements
 /// (an operation's slot_bytes keeps the alignment its wire form needs).
@@ -39,8 +38,9 @@ template <segment_op S>
 std::size_t phase_scratch_bytes(const S& sop, const partition& blocks, std::size_t elem_bytes,
                                 std::size_t seg_bytes, int ranks, bool reducing) {
   if (ranks <= 1) return 0;
-  const std::size_t stride = slot_stride(sop, segmentation::make(blocks, elem_bytes, seg_bytes).max_seg);
-  return ((reducing || !S::in_place_copy) ? slots * stride : 0) + (S::staged_send ? slots * stride : 0);
+  const auto g = segmentation::make(blocks, elem_bytes, seg_bytes);
+  const std::size_t stride = slot_stride(sop, g.max_seg);
+  return ((reducing || !S::in_place_copy) ? slots * stride : 0) + (S::staged_send ? g.nseg * stride : 0);
 }
 
 /// Scratch elements the typed reduce-scatter phase needs for `blocks`.
@@ -51,17 +51,6 @@ inline std::size_t scratch_elems(const partition& blocks, std::size_t elem_bytes
 }
 
 namespace detail {
-
-// The receive request of transport C for operation S: exact-size receives
-// for fixed-size wire forms, up-to receives otherwise.
-template <transport C, segment_op S> auto post_recv(C& c, std::span<std::byte> d, int peer, int tag) {
-  if constexpr (S::exact) return c.irecv(d, peer, tag);
-  else return c.irecv_upto(d, peer, tag);
-}
-template <segment_op S, class R> std::size_t received(const R& r, std::span<std::byte> d) {
-  if constexpr (S::exact) return d.size();
-  else return r.received();
-}
 
 // One phase of the ring (p-1 steps) over the primitives. Items are taken
 // segment-major: segment j goes through all steps before segment j+1
@@ -85,7 +74,7 @@ void phase(C& c, const S& sop, const segmentation& g, RecvBlock recv_block, std:
   const auto steps = static_cast<std::size_t>(p - 1);
   constexpr bool staged = Reduce || !S::in_place_copy;
   using req = request_t<C>;
-  using rreq = decltype(post_recv<C, S>(c, std::span<std::byte>{}, 0, 0));
+  using rreq = decltype(post_recv<S>(c, std::span<std::byte>{}, 0, 0));
 
   struct item { std::size_t b, j, s, n; };
   std::vector<item> in_items;
@@ -119,24 +108,18 @@ void phase(C& c, const S& sop, const segmentation& g, RecvBlock recv_block, std:
   std::vector<bool> ready(in_items.size(), false);
   std::vector<req> sends;                                  // waited at the end
   std::vector<std::optional<req>> sq(staged ? slots : 0);  // forwards out of slot q % slots
-  std::vector<std::optional<req>> s0(S::staged_send ? slots : 0); // step-0 sends out of staging
   std::size_t k = 0, first = 0;
   auto pump = [&] {
     for (; k < out_items.size(); ++k) {
       const auto& o = out_items[k];
       if (o.from == SIZE_MAX) { // send
-        std::byte* st = nullptr;
-        if constexpr (S::staged_send) {
-          st = send_mem + (first % slots) * stride;
-          if (auto& pending = s0[first % slots]) { pending->wait(); pending.reset(); }
-        }
+        // A staged send gets its own staging (one block's segments): waiting
+        // here for an older send to drain could wait on a successor that
+        // waits on this rank's receives, which are posted after the pump.
+        std::byte* st = S::staged_send ? send_mem + first * stride : nullptr;
         const auto w = sop.wire(mine + g.offset(send0, o.j), o.n, st);
-        if constexpr (S::staged_send) {
-          sop.fence();
-          s0[first % slots].emplace(c.isend(w, next, tag));
-        } else {
-          sends.push_back(c.isend(w, next, tag));
-        }
+        if constexpr (S::staged_send) sop.fence();
+        sends.push_back(c.isend(w, next, tag));
         ++first;
         continue;
       }
@@ -159,7 +142,7 @@ void phase(C& c, const S& sop, const segmentation& g, RecvBlock recv_block, std:
       t = sop.recv_target(dst_of(it.b, it.j), it.n, nullptr);
     }
     target[q % ring_slots] = t;
-    rq[q % ring_slots].emplace(post_recv<C, S>(c, t, prev, tag));
+    rq[q % ring_slots].emplace(post_recv<S>(c, t, prev, tag));
   };
   sop.fence(); // what step 0 sends may have been written by the executor
   pump();
@@ -167,7 +150,7 @@ void phase(C& c, const S& sop, const segmentation& g, RecvBlock recv_block, std:
   for (std::size_t q = 0; q < in_items.size(); ++q) {
     auto& rr = *rq[q % ring_slots];
     rr.wait();
-    const std::span<std::byte> got = target[q % ring_slots].first(received<S>(rr, target[q % ring_slots]));
+    const std::span<std::byte> got = arrived<S>(rr, target[q % ring_slots]);
     rq[q % ring_slots].reset();
     const auto& it = in_items[q];
     const bool last = it.s + 1 == steps;
@@ -185,9 +168,8 @@ void phase(C& c, const S& sop, const segmentation& g, RecvBlock recv_block, std:
     if (q + depth < in_items.size()) post(q + depth);
   }
   wait_all(sends);
-  for (auto* v : {&sq, &s0})
-    for (auto& s : *v)
-      if (s) s->wait();
+  for (auto& s : sq)
+    if (s) s->wait();
 }
 
 } // namespace detail

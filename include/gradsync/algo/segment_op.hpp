@@ -12,17 +12,25 @@
 //   recv-reduce-copy-send reduce_copy(got, mine, dst)       -> next (and dst final)
 //   recv-copy-send        copy(got, dst), forward got       -> next
 //   recv                  copy(got, dst)
+// Tree and pairwise schedules combine a received segment into a typed
+// accumulator instead (combine), and finish once at the owner (finish).
 #pragma once
 
 #include <concepts>
 #include <cstddef>
 #include <span>
+#include <vector>
 
 #include "../core/dtype.hpp"
 #include "../core/ops.hpp"
 #include "../exec/executor.hpp"
+#include "schedule.hpp"
 
 namespace gradsync::algo {
+
+/// Staging slots of a pipelined schedule: depth receives in flight plus
+/// depth forwarded sends still draining.
+inline constexpr std::size_t staging_slots = 2 * policy::pipeline_depth;
 
 /// A segment operation over elements of `S::value_type` (see the file comment).
 /// - `exact`: a segment of n elements always has slot_bytes(n) bytes on the
@@ -40,6 +48,10 @@ namespace gradsync::algo {
 /// - `recv_target(dst, n, slot)`: where a copied segment is received;
 /// - `copy(got, dst, n)`: decodes a received segment into `dst` (nothing when
 ///   it was received there);
+/// - `combine(got, mine, acc, n, got_first)`: acc = op(received, local) when
+///   got_first, else op(local, received), not finished (acc may alias mine);
+/// - `finish(dst, n)`: avg's single division, by the rank owning the result;
+/// - `assign(dst, src, n)`: a local copy of elements (nothing when equal);
 /// - `local(mine, dst, n)`: the result when this rank's operand is the only
 ///   one (one rank);
 /// - `fence()`: the executor's fence (before sending what it wrote).
@@ -56,6 +68,9 @@ concept segment_op = requires(const S& s, typename S::value_type* dst, const typ
   { s.reduce_copy(got, mine, dst, n) } -> std::convertible_to<std::span<const std::byte>>;
   { s.recv_target(dst, n, slot) } -> std::convertible_to<std::span<std::byte>>;
   s.copy(got, dst, n);
+  s.combine(got, mine, dst, n, true);
+  s.finish(dst, n);
+  s.assign(dst, mine, n);
   s.local(mine, dst, n);
   s.fence();
 };
@@ -93,11 +108,71 @@ template <element T, reduce_op Op, executor E> struct typed_reduce {
   void copy(std::span<std::byte> got, T* dst, std::size_t n) const {
     ex.copy(dst, reinterpret_cast<const T*>(got.data()), n);
   }
+  void combine(std::span<std::byte> got, const T* mine, T* acc, std::size_t n, bool got_first) const {
+    const auto* g = reinterpret_cast<const T*>(got.data());
+    ex.reduce(acc, got_first ? g : mine, got_first ? mine : g, n, op);
+  }
+  void finish(T* dst, std::size_t n) const { ex.finish(dst, n, op, ranks); }
+  void assign(T* dst, const T* src, std::size_t n) const { ex.copy(dst, src, n); }
   void local(const T* mine, T* dst, std::size_t n) const {
     ex.copy(dst, mine, n);
-    ex.finish(dst, n, op, ranks);
+    finish(dst, n);
   }
   void fence() const { ex.fence(); }
+};
+
+/// Posts the receive of one segment of `S` into `d`: exact-size for
+/// fixed-size wire forms, up-to otherwise.
+template <segment_op S, transport C> auto post_recv(C& c, std::span<std::byte> d, int peer, int tag) {
+  if constexpr (S::exact) return c.irecv(d, peer, tag);
+  else return c.irecv_upto(d, peer, tag);
+}
+/// The bytes that arrived in `d` for the completed receive `r`.
+template <segment_op S, class R> std::span<std::byte> arrived(const R& r, std::span<std::byte> d) {
+  if constexpr (S::exact) return d;
+  else return d.first(r.received());
+}
+/// Receives one segment of `S` into `d` from `peer` and returns what arrived.
+template <segment_op S, transport C> std::span<std::byte> recv_segment(C& c, std::span<std::byte> d, int peer, int tag) {
+  auto r = post_recv<S>(c, d, peer, tag);
+  r.wait();
+  return arrived<S>(r, d);
+}
+
+/// Sends the wire form of `n` local elements at `mine` to `peer`, encoded
+/// into `stage` when the operation stages its sends (then fenced: the
+/// executor wrote it).
+template <segment_op S, transport C>
+request_t<C> send_segment(C& c, const S& sop, const typename S::value_type* mine, std::size_t n,
+                          std::byte* stage, int peer, int tag) {
+  const auto w = sop.wire(mine, n, stage);
+  if constexpr (S::staged_send) sop.fence();
+  return c.isend(w, peer, tag);
+}
+
+/// Rotating staging slots for segments sent (or forwarded) out of them:
+/// slot k % count is handed out again only after every send out of it has
+/// completed, so a pipelined schedule never overwrites bytes in flight.
+template <transport C> class slot_pool {
+public:
+  slot_pool(std::byte* mem, std::size_t stride, std::size_t count) : mem_(mem), stride_(stride), count_(count) {}
+  /// Slot k, once the sends out of its previous use completed.
+  std::byte* acquire(std::size_t k) {
+    if (pending_.empty()) pending_.resize(count_); // allocated only by schedules that stage
+    wait_all(pending_[k % count_]);
+    return mem_ + (k % count_) * stride_;
+  }
+  /// A send out of slot k.
+  void hold(std::size_t k, request_t<C>&& r) { pending_[k % count_].push_back(std::move(r)); }
+  /// Waits for every send out of any slot.
+  void drain() {
+    for (auto& v : pending_) wait_all(v);
+  }
+
+private:
+  std::byte* mem_;
+  std::size_t stride_, count_;
+  std::vector<std::vector<request_t<C>>> pending_;
 };
 
 } // namespace gradsync::algo
