@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include <gradsync/algo/calibrate.hpp>
+#include <gradsync/calibrate.hpp>
 #include <gradsync/collectives.hpp>
 
 #include "collective.hpp"
@@ -98,6 +98,10 @@ template <transport C> std::int64_t run_rank(C& c, const config& cfg) {
   // joined (single copy by cross-memory attach, or through the arena).
   if constexpr (requires { c.single_copy(); })
     rep.attribute("shm copy", "shm_copy", c.single_copy() ? "single (cma)" : "arena");
+  if constexpr (requires { c.alloc_shared(std::size_t{1}); })
+    rep.attribute("buffers", "buffers", cfg.shared ? "shared (alloc_shared)" : "private");
+  else if (cfg.shared)
+    throw std::invalid_argument("--shared-buffers needs a transport with shared buffers (-t shm), not " + cfg.transport);
   const cost_model& m = sel.model();
   rep.calibration({{"local_alpha", m.local.alpha}, {"local_beta", m.local.beta}, {"local_gamma", m.local.gamma},
                    {"global_alpha", m.global.alpha}, {"global_beta", m.global.beta},
@@ -161,6 +165,9 @@ int collective_main(std::string_view name, int argc, char** argv) {
                  "(0: the transport's nodes)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  app.add_flag("--shared-buffers", cfg.shared,
+               "-t shm: inputs and outputs in memory every rank maps (communicator::alloc_shared), which "
+               "shm_direct reads and writes in place");
   sweep_options sw;
   sw.add_to(app);
   app.add_flag("--inject-error", cfg.inject, "corrupt one result element on rank 0 (tests the checker)")

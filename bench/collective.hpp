@@ -45,6 +45,7 @@ struct config {
   int group_size = 0;            ///< options::group_size and calibrate's groups (0: the transport's nodes)
   bool check = true;
   bool inject = false; ///< corrupt one element on rank 0 per row (tests the checker)
+  bool shared = false; ///< buffers from the communicator's alloc_shared (shm)
   std::string json;
 };
 

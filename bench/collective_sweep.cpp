@@ -248,6 +248,14 @@ template <transport C, class F> double time_calls(C& c, F& call, const iteration
   return t[t.size() / 2];
 }
 
+// The shared buffer type of C's alloc_shared, or no_shared.
+struct no_shared {};
+template <class C> struct shared_type { using type = no_shared; };
+template <class C>
+  requires requires(C& c) { c.alloc_shared(std::size_t{1}); }
+struct shared_type<C> { using type = decltype(std::declval<C&>().alloc_shared(std::size_t{1})); };
+template <class C> using shared_of = typename shared_type<C>::type;
+
 template <transport C, element T, reduce_op Op>
 std::int64_t sweep_op(C& c, const config& cfg, const selector& sel, report& rep) {
   const int p = c.size(), r = c.rank();
@@ -258,9 +266,23 @@ std::int64_t sweep_op(C& c, const config& cfg, const selector& sel, report& rep)
     const shape s = shape_of(cfg.kind, bytes, sizeof(T), p);
     if (s.count == 0 || s.bytes == last_bytes) continue; // rounded to nothing, or to the previous size
     last_bytes = s.bytes;
-    buffer inb(s.in_n * sizeof(T)), outb(s.out_n * sizeof(T));
-    T* in = inb.as<T>();
-    T* out = outb.as<T>();
+    buffer inb, outb;
+    T *in = nullptr, *out = nullptr;
+    [[maybe_unused]] shared_of<C> sin, sout; // --shared-buffers
+    if constexpr (!std::is_same_v<shared_of<C>, no_shared>) {
+      if (cfg.shared) {
+        sin = c.alloc_shared(s.in_n * sizeof(T));
+        sout = c.alloc_shared(s.out_n * sizeof(T));
+        in = sin.template as<T>().data();
+        out = sout.template as<T>().data();
+      }
+    }
+    if (!in) {
+      inb = buffer(s.in_n * sizeof(T));
+      outb = buffer(s.out_n * sizeof(T));
+      in = inb.as<T>();
+      out = outb.as<T>();
+    }
     // Every call, and the workspace query, sees the calibrated selector.
     auto options_for = [&](const algo_choice& a, std::span<std::byte> workspace) {
       return options{.algo = a.a,

@@ -2,8 +2,9 @@
 // `calibrate(comm)` runs collectives to time one exchange step per link level,
 // the reduce kernel, memcpy and (over shared memory) the arena allreduce, and
 // returns a selector (algo/select.hpp, the pure model) whose costs every rank
-// agrees on. Kept apart from select.hpp so that the model, which every
-// collective consults, pulls in no measurement or schedule code.
+// agrees on. It runs collectives, so it sits above collectives.hpp; the
+// model (select.hpp), which every collective consults, pulls in no
+// measurement or schedule code.
 #pragma once
 
 #include <algorithm>
@@ -19,16 +20,16 @@
 #include <string_view>
 #include <vector>
 
-#include "../collectives.hpp"
-#include "../core/error.hpp"
-#include "../core/ops.hpp"
-#include "../core/policy.hpp"
-#include "../core/reduce.hpp"
-#include "../transport/subgroup.hpp"
-#include "../transport/transport.hpp"
-#include "options.hpp"
-#include "select.hpp"
-#include "shm_direct.hpp"
+#include "collectives.hpp"
+#include "core/error.hpp"
+#include "core/ops.hpp"
+#include "core/policy.hpp"
+#include "core/reduce.hpp"
+#include "transport/subgroup.hpp"
+#include "transport/transport.hpp"
+#include "algo/options.hpp"
+#include "algo/select.hpp"
+#include "algo/shm_direct.hpp"
 
 namespace gradsync {
 
@@ -121,7 +122,7 @@ struct direct_times {
 };
 static_assert(policy::calibrate_bytes > policy::shm_direct_small_bytes);
 template <transport C> direct_times time_direct(C& c) {
-  if constexpr (algo::shm_direct::arena_transport<C>) {
+  if constexpr (shared_arena<C>) {
     std::vector<float> x(policy::calibrate_bytes / sizeof(float), 1.0f);
     const options direct{.algo = algorithm::direct};
     auto best = [&](std::size_t n, int iters) {
@@ -204,7 +205,7 @@ template <transport C> selector calibrate(C& c, int group_size = 0, const option
   m.global = groups.count() > 1 ? link_cost{v[2], v[3], v[4]} : m.local;
   m.arena.copy = v[8];
   m.arena.sync = v[9] > 0 ? v[9] : v[0];
-  if constexpr (algo::shm_direct::arena_transport<C>) {
+  if constexpr (shared_arena<C>) {
     m.arena.half_bytes = static_cast<double>(algo::shm_direct::detail::half_bytes(c));
     // Copies between ranks' caches cost more than a memcpy within one: the
     // copy cost is what the timed large direct allreduce leaves after its

@@ -4,7 +4,7 @@
 // separately.
 #pragma once
 
-#include "algo/calibrate.hpp"
+#include "calibrate.hpp"
 #include "collectives.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"

@@ -3,7 +3,7 @@
 // calibrate() agreeing one selector on every rank.
 #include <doctest/doctest.h>
 
-#include <gradsync/algo/calibrate.hpp>
+#include <gradsync/calibrate.hpp>
 #include <gradsync/collectives.hpp>
 #include <gradsync/transport/inproc.hpp>
 

@@ -793,7 +793,7 @@ struct own_ways {
   gradsync::detail::timed_choice& arena_stores() { return tc; }
   void abort(const std::string& why) { c.abort(why); }
 };
-static_assert(gradsync::algo::shm_direct::arena_transport<own_ways>);
+static_assert(gradsync::shared_arena<own_ways>);
 
 // Sets an environment variable for the scope (forked ranks inherit it).
 struct env_var {

@@ -1,4 +1,5 @@
-// Single-copy collectives over shared memory (cross-memory attach): the
+// The paths of algo/shm_direct.hpp that bypass the arena: single copy
+// (cross-memory attach) and shared buffers (communicator::alloc_shared). The
 // process_vm_readv wrapper against a forked child, the group's join-time
 // agreement, results of algo/shm_direct.hpp's single-copy path bitwise equal
 // to the rank-order reduction computed here, and peers dying mid-call.
@@ -33,7 +34,7 @@ namespace cma = gradsync::cma;
 using gradsync::shm::communicator;
 using namespace std::chrono_literals;
 
-static_assert(sd::single_copy_transport<communicator>);
+static_assert(gradsync::single_copy_arena<communicator>);
 
 // What one forked rank reported: "ok", or "<errc name>|<what()>", or nothing
 // when it was killed or hung.
@@ -401,7 +402,7 @@ struct dies_after : communicator {
     if (k == at && rank() == victim) ::raise(SIGKILL);
   }
 };
-static_assert(sd::single_copy_transport<dies_after>);
+static_assert(gradsync::single_copy_arena<dies_after>);
 
 } // namespace
 
@@ -432,4 +433,165 @@ TEST_CASE("shm single copy: a rank killed mid-call fails every survivor with pee
         CHECK(contains(res[static_cast<std::size_t>(r)].said, "rank 1 (pid"));
       }
     }
+}
+
+// ---- shared buffers (communicator::alloc_shared) ----------------------------------
+
+namespace {
+
+// Whether the last call on `c` ran on shared buffers from these ids: its
+// arena record holds the ids and offsets this rank exposed.
+bool took_shared(communicator& c, const gradsync::shm::shared_buffer& in, const gradsync::shm::shared_buffer& out) {
+  sd::detail::exposed_shared x{};
+  std::memcpy(&x, c.arena(c.rank()) + (c.arena_epoch() & 1) * sd::detail::half_bytes(c), sizeof x);
+  return x.in_id == in.id() && x.out_id == out.id() && x.in_off == 0 && x.out_off == 0;
+}
+
+// Allreduce, reduce_scatter and allgather of `n` elements on shared buffers
+// (in and out of place) against the rank-order reduction computed here.
+void check_shared(communicator& c, std::size_t n) {
+  const int p = c.size(), r = c.rank();
+  const auto P = static_cast<std::size_t>(p), R = static_cast<std::size_t>(r);
+  const std::string at = " (count " + std::to_string(n) + ", ranks " + std::to_string(p) + ")";
+  const bool shared = p > 1 && n * sizeof(float) >= gradsync::policy::shm_shared_min_bytes;
+  auto ib = c.alloc_shared(n * sizeof(float)), ob = c.alloc_shared((n + 1) * sizeof(float));
+  auto f = ib.as<float>(), fo = ob.as<float>();
+  for (std::size_t i = 0; i < n; ++i) f[i] = fin(r, i);
+  fo[n] = -7.0f;
+  sd::allreduce(c, f.data(), fo.data(), n, gradsync::op::sum{});
+  if (p > 1) expect(took_shared(c, ib, ob) == shared, "path taken" + at);
+  for (std::size_t i = 0; i < n; ++i) {
+    float acc = fin(0, i);
+    for (int q = 1; q < p; ++q) acc += fin(q, i);
+    expect(std::memcmp(&acc, &fo[i], sizeof acc) == 0, "float sum in rank order" + at);
+  }
+  expect(fo[n] == -7.0f, "wrote past the end" + at);
+  sd::allreduce(c, f.data(), f.data(), n, gradsync::op::max{}); // in place
+  for (std::size_t i = 0; i < n; ++i) {
+    float want = fin(0, i);
+    for (int q = 1; q < p; ++q) want = std::max(want, fin(q, i));
+    expect(f[i] == want, "in-place float max" + at);
+  }
+  // Off the vector path: half (reduced in float) and outputs not 16-byte aligned.
+  auto hb = c.alloc_shared((n + 1) * sizeof(gradsync::half));
+  auto h = hb.as<gradsync::half>().subspan(1, n);
+  for (std::size_t i = 0; i < n; ++i) h[i] = hin(r, i);
+  sd::allreduce(c, h.data(), h.data(), n, gradsync::op::sum{});
+  for (std::size_t i = 0; i < n; ++i) {
+    gradsync::half acc = hin(0, i);
+    for (int q = 1; q < p; ++q) acc = gradsync::half(static_cast<float>(acc) + static_cast<float>(hin(q, i)));
+    expect(static_cast<float>(acc) == static_cast<float>(h[i]), "half sum rounded after each step, unaligned" + at);
+  }
+  for (std::size_t i = 0; i < n; ++i) f[i] = fin(r, i);
+  sd::allreduce(c, f.data(), fo.data() + 1, n - 1, gradsync::op::sum{}); // output 4 bytes into its buffer
+  for (std::size_t i = 0; i + 1 < n; ++i) {
+    float acc = fin(0, i);
+    for (int q = 1; q < p; ++q) acc += fin(q, i);
+    expect(std::memcmp(&acc, &fo[i + 1], sizeof acc) == 0, "float sum into an unaligned output" + at);
+  }
+  auto db = c.alloc_shared(n * sizeof(double));
+  auto d = db.as<double>();
+  for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<double>(fin(r, i)) * 1e-7;
+  sd::allreduce(c, d.data(), d.data(), n, gradsync::op::avg{});
+  for (std::size_t i = 0; i < n; ++i) {
+    double acc = static_cast<double>(fin(0, i)) * 1e-7;
+    for (int q = 1; q < p; ++q) acc += static_cast<double>(fin(q, i)) * 1e-7;
+    acc /= p;
+    expect(std::memcmp(&acc, &d[i], sizeof acc) == 0, "double avg" + at);
+  }
+  // Blocks of about n / p elements.
+  const std::size_t b = std::max<std::size_t>(1, n / P);
+  auto sb = c.alloc_shared(b * P * sizeof(float)), rb = c.alloc_shared(b * sizeof(float));
+  auto in = sb.as<float>(), out = rb.as<float>();
+  for (std::size_t j = 0; j < b * P; ++j) in[j] = fin(r, j);
+  sd::reduce_scatter(c, in.data(), out.data(), b, gradsync::op::sum{});
+  if (p > 1) expect(took_shared(c, sb, rb) == (p > 1 && b * P * sizeof(float) >= gradsync::policy::shm_shared_min_bytes), "reduce_scatter path" + at);
+  for (std::size_t i = 0; i < b; ++i) {
+    float acc = fin(0, R * b + i);
+    for (int q = 1; q < p; ++q) acc += fin(q, R * b + i);
+    expect(std::memcmp(&acc, &out[i], sizeof acc) == 0, "reduce_scatter in rank order" + at);
+  }
+  sd::reduce_scatter(c, in.data(), in.data() + R * b, b, gradsync::op::min{}); // in place
+  for (std::size_t i = 0; i < b; ++i) {
+    float want = fin(0, R * b + i);
+    for (int q = 1; q < p; ++q) want = std::min(want, fin(q, R * b + i));
+    expect(in[R * b + i] == want, "in-place reduce_scatter" + at);
+  }
+  auto mb = c.alloc_shared(b * sizeof(std::int64_t)), ab = c.alloc_shared(b * P * sizeof(std::int64_t));
+  auto mine = mb.as<std::int64_t>(), all = ab.as<std::int64_t>();
+  for (std::size_t i = 0; i < b; ++i) mine[i] = iin(r, i);
+  std::fill(all.begin(), all.end(), -1);
+  sd::allgather(c, mine.data(), all.data(), b);
+  for (std::size_t q = 0; q < P; ++q)
+    for (std::size_t i = 0; i < b; ++i) expect(all[q * b + i] == iin(static_cast<int>(q), i), "allgather" + at);
+  std::fill(all.begin(), all.end(), -1);
+  std::copy(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(R * b));
+  sd::allgather(c, all.data() + R * b, all.data(), b); // in place
+  for (std::size_t q = 0; q < P; ++q)
+    for (std::size_t i = 0; i < b; ++i) expect(all[q * b + i] == iin(static_cast<int>(q), i), "in-place allgather" + at);
+}
+
+} // namespace
+
+TEST_CASE("shm shared buffers: every rank sees every peer's part of a buffer from alloc_shared") {
+  for (int p = 1; p <= 4; ++p) {
+    CAPTURE(p);
+    check_all_ok(run_ranks(p, [&](communicator& c) {
+      const std::size_t n = 10007; // not a page multiple
+      auto buf = c.alloc_shared(n);
+      expect(buf.bytes().size() == n, "size");
+      for (std::size_t i = 0; i < n; ++i) buf.bytes()[i] = static_cast<std::byte>((i * 31 + static_cast<std::size_t>(c.rank()) * 7) & 0xff);
+      const auto v = c.find_shared(buf.bytes().data() + 100, n - 100);
+      expect(v && v->id == buf.id() && v->offset == 100, "find_shared of an inner range");
+      expect(!c.find_shared(buf.bytes().data() + 100, n - 99), "find_shared past the end");
+      int x = 0;
+      expect(!c.find_shared(&x, sizeof x), "find_shared of private memory");
+      float token = 1.0f;
+      sd::allreduce(c, &token, &token, 1, gradsync::op::sum{}); // everyone has written
+      for (int q = 0; q < c.size(); ++q) {
+        const std::byte* theirs = c.shared_at(q, buf.id(), 0, n);
+        expect(theirs != nullptr, "peer part mapped");
+        for (std::size_t i = 0; i < n; ++i)
+          expect(theirs[i] == static_cast<std::byte>((i * 31 + static_cast<std::size_t>(q) * 7) & 0xff), "peer's bytes");
+      }
+      expect(c.shared_at(0, buf.id(), 1, n) == nullptr, "shared_at past the end");
+      expect(c.shared_at(0, buf.id() + 1, 0, 1) == nullptr, "shared_at of an unknown id");
+    }));
+  }
+  // No object is left behind in /dev/shm.
+  for (const auto& e : fs::directory_iterator("/dev/shm"))
+    CHECK(e.path().filename().string().rfind("gradsync-buf-", 0) != 0);
+}
+
+TEST_CASE("shm shared buffers: collectives on them equal the rank-order reduction, on 1..4 ranks, across the threshold") {
+  const std::size_t min = gradsync::policy::shm_shared_min_bytes / sizeof(float);
+  for (int p = 1; p <= 4; ++p) {
+    CAPTURE(p);
+    check_all_ok(run_ranks(p, [&](communicator& c) {
+      for (std::size_t n : {std::size_t{1}, min - 1, min, min + 13, 3 * min + 7, std::size_t{1} << 20}) check_shared(c, n);
+    }, nullptr, 120s));
+  }
+}
+
+TEST_CASE("shm shared buffers: a rank on private buffers, different sizes, all fail without hanging") {
+  const std::size_t n = (std::size_t{1} << 20) / sizeof(float);
+  auto res = run_ranks(3, [&](communicator& c) {
+    auto buf = c.alloc_shared(n * sizeof(float));
+    std::vector<float> priv(n, 1.0f);
+    float* v = c.rank() == 1 ? priv.data() : buf.as<float>().data();
+    sd::allreduce(c, v, v, n, gradsync::op::sum{});
+  });
+  for (auto& o : res) {
+    INFO(o.said);
+    CHECK(!o.hung);
+    CHECK(o.code == 1);
+    CHECK((contains(o.said, "on shared buffers") || contains(o.said, "aborted")));
+  }
+  res = run_ranks(3, [&](communicator& c) { auto b = c.alloc_shared(c.rank() == 2 ? 4096 : 8192); });
+  for (auto& o : res) {
+    INFO(o.said);
+    CHECK(!o.hung);
+    CHECK(contains(o.said, "mismatch|"));
+    CHECK(contains(o.said, "every rank must allocate alike"));
+  }
 }

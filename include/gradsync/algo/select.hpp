@@ -8,7 +8,7 @@
 //
 // This header is the model alone: pure functions of numbers, no
 // communication, no schedule or transport headers. Measuring the numbers
-// (`calibrate(comm)`, which runs collectives) lives in algo/calibrate.hpp.
+// (`calibrate(comm)`, which runs collectives) lives in calibrate.hpp (above collectives.hpp).
 //
 // No hidden global state: the model and the table live in a `selector` value
 // the caller owns and passes through options::select (null: the policy

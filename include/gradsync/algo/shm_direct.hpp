@@ -44,6 +44,22 @@
 // (policy::shm_single_copy_min_bytes): where process_vm_readv pays for each
 // 4 KiB page as on the CI VM, the arena's cache-resident copies are faster.
 //
+// Shared buffers (transports with shared_buffers: buffers from
+// shm::communicator::alloc_shared, which every rank maps). From
+// policy::shm_shared_min_bytes on, when this rank's `in` and `out` both lie
+// in such buffers, no byte goes through the arena either: each rank
+// publishes where its buffers lie (buffer id and offset), then
+//   reduce my share reading every rank's `in` in place, and write the result
+//   into every rank's `out` -> post `drained`, await `drained`.
+// Each byte is read once and written once, as by a memcpy. In place is safe:
+// only rank r reads or writes share r of any buffer, a piece at a time
+// (read, then written). A rank writes into a peer's `out` only after that
+// peer entered the call (the round's `copied`), and returns only after
+// every rank is done (`drained`). Whether a call runs this way is part of
+// its signature: a rank on shared buffers and one on private ones fail
+// alike with an error naming both. Reduce-scatter reads block r of every
+// `in`; allgather reads every rank's `in` into its block of `out`.
+//
 // Determinism: every element is reduced as op(...op(x0, x1)..., x(p-1)) in
 // rank order, by one rank (large) or identically by all (small), so all ranks
 // hold bitwise identical results, the same from run to run, whichever path
@@ -51,6 +67,10 @@
 #pragma once
 
 #include <unistd.h>
+
+#if defined(__SSE2__) && !defined(__CUDACC__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -62,6 +82,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "../core/cross_memory.hpp"
 #include "../core/dtype.hpp"
@@ -71,33 +92,9 @@
 #include "../core/reduce.hpp"
 #include "../core/timed_choice.hpp"
 #include "../exec/host.hpp"
-#include "../transport/transport.hpp"
+#include "../transport/capabilities.hpp"
 
 namespace gradsync::algo::shm_direct {
-
-/// A transport whose ranks share memory through a collective arena.
-template <class C>
-concept arena_transport = transport<C> && requires(C& c, int q, int k, std::uint64_t v) {
-  { c.arena(q) } -> std::same_as<std::byte*>;
-  { c.arena_bytes() } -> std::convertible_to<std::size_t>;
-  c.arena_post(k, v);
-  c.arena_await(k, v, "");
-  { c.arena_epoch() } -> std::same_as<std::uint64_t&>;
-  { c.arena_signature(q, k) } -> std::same_as<std::atomic<std::uint64_t>&>;
-  c.arena_copy(static_cast<std::byte*>(nullptr), static_cast<const std::byte*>(nullptr), std::size_t{0});
-  { c.arena_stores() } -> std::same_as<gradsync::detail::timed_choice&>;
-  c.abort(std::string());
-};
-
-/// An arena transport whose ranks can also read each other's private memory
-/// (cross-memory attach): single_copy() says whether they can, and
-/// single_copy_min_bytes() from which call size on they do; both are the
-/// same on every rank.
-template <class C>
-concept single_copy_transport = arena_transport<C> && requires(const C& c) {
-  { c.single_copy() } -> std::convertible_to<bool>;
-  { c.single_copy_min_bytes() } -> std::convertible_to<std::uint64_t>;
-};
 
 namespace detail {
 
@@ -106,8 +103,11 @@ enum counter : int { copied = 0, reduced = 1, drained = 2 };
 // Which collective a call is (part of its signature).
 enum class call : std::uint64_t { allreduce = 0, reduce_scatter = 1, allgather = 2, small_allreduce = 3 };
 inline const char* call_name(std::uint64_t k) {
+  k &= 3; // (bit 62 of a signature: shared buffers)
   return k == 1 ? "reduce_scatter" : k == 2 ? "allgather" : "allreduce"; // small_allreduce is never a signature
 }
+// Signature bit of a call on shared buffers.
+inline constexpr std::uint64_t on_shared = std::uint64_t{1} << 62;
 
 // What a call is, packed so that ranks can compare calls: count (48 bits),
 // dtype, operator and collective.
@@ -125,12 +125,13 @@ using exec::combine_wide;
 
 inline std::string describe(std::uint64_t sig) {
   return std::string(call_name(sig >> 60)) + " of count " + std::to_string(sig & ((std::uint64_t{1} << 48) - 1)) +
-         ", dtype " + std::to_string((sig >> 48) & 0xff) + ", op " + std::to_string((sig >> 56) & 0xf);
+         ", dtype " + std::to_string((sig >> 48) & 0xff) + ", op " + std::to_string((sig >> 56) & 0xf) +
+         ((sig & on_shared) ? " on shared buffers" : " on private buffers");
 }
 
 // Every rank must run the same call: otherwise fail every rank now (the
 // arena rounds would no longer line up).
-template <arena_transport C> void check_signatures(C& c, int h, std::uint64_t mine) {
+template <shared_arena C> void check_signatures(C& c, int h, std::uint64_t mine) {
   for (int q = 0; q < c.size(); ++q) {
     const std::uint64_t theirs = c.arena_signature(q, h).load(std::memory_order_relaxed);
     if (theirs == mine) continue;
@@ -144,7 +145,7 @@ template <arena_transport C> void check_signatures(C& c, int h, std::uint64_t mi
 // One arena round shared by every collective here: waits until half e%2 is
 // free again, publishes the call's signature, runs `stage_in` (writes this
 // rank's arena), then publishes `copied` and waits for every rank's.
-template <arena_transport C, class StageIn>
+template <shared_arena C, class StageIn>
 void open_round(C& c, std::uint64_t e, std::uint64_t sig, const char* name, StageIn stage_in) {
   if (e > 2) c.arena_await(drained, e - 2, name);
   c.arena_signature(c.rank(), static_cast<int>(e & 1)).store(sig, std::memory_order_relaxed);
@@ -159,7 +160,7 @@ void open_round(C& c, std::uint64_t e, std::uint64_t sig, const char* name, Stag
 // the caller's memory: streaming for outputs of at least
 // policy::shm_stream_out_bytes (they would not stay in cache anyway, and
 // skip reading lines about to be overwritten).
-template <arena_transport C, class T> void put(const C& c, bool stream, T* dst, const T* src, std::size_t n) {
+template <shared_arena C, class T> void put(const C& c, bool stream, T* dst, const T* src, std::size_t n) {
   if (stream) c.arena_copy(reinterpret_cast<std::byte*>(dst), reinterpret_cast<const std::byte*>(src), n * sizeof(T));
   else copy_elems(dst, src, n);
 }
@@ -168,7 +169,7 @@ template <arena_transport C, class T> void put(const C& c, bool stream, T* dst, 
 // the transport's chooser picks for this collective at this size
 // (power-of-two classes), and reports the time the call took (waits for
 // peers included: that is what the choice changes).
-template <arena_transport C, class Body> void with_stores(C& c, call k, std::size_t bytes, Body body) {
+template <shared_arena C, class Body> void with_stores(C& c, call k, std::size_t bytes, Body body) {
   gradsync::detail::timed_choice& ch = c.arena_stores();
   const std::size_t cls = static_cast<std::size_t>(k) * 64 + static_cast<std::size_t>(std::bit_width(bytes));
   const int w = ch.pick(cls);
@@ -178,11 +179,18 @@ template <arena_transport C, class Body> void with_stores(C& c, call k, std::siz
 }
 
 // Half of the arena in bytes (a multiple of the share alignment).
-template <arena_transport C> std::size_t half_bytes(const C& c) {
+template <shared_arena C> std::size_t half_bytes(const C& c) {
   return c.arena_bytes() / 2 / policy::shm_arena_align * policy::shm_arena_align;
 }
+// Elements of T an arena half holds: at least one per rank, else the call
+// `name` fails.
+template <class T, shared_arena C> std::size_t arena_elems(const C& c, const char* name) {
+  const std::size_t cap = half_bytes(c) / sizeof(T);
+  GRADSYNC_REQUIRE(cap >= static_cast<std::size_t>(c.size()), name, c.rank(), "shm arena too small for this rank count");
+  return cap;
+}
 // Rank q's half e%2 as T.
-template <class T, arena_transport C> T* stage(const C& c, int q, std::uint64_t e) {
+template <class T, shared_arena C> T* stage(const C& c, int q, std::uint64_t e) {
   return reinterpret_cast<T*>(c.arena(q) + (e & 1) * half_bytes(c));
 }
 // Largest share <= cap elements for `count` elements over `parts` ranks, a
@@ -214,8 +222,8 @@ void reduce_pieces(int p, std::size_t m, Op op, Src src, Sink sink) {
 // Whether a call of `bytes` takes the single-copy path: the same answer on
 // every rank (single_copy() is agreed when the group forms, and ranks whose
 // sizes differ fail on the signature either way).
-template <arena_transport C> bool single_copy_for(const C& c, std::size_t bytes) {
-  if constexpr (single_copy_transport<C>) return c.single_copy() && bytes >= c.single_copy_min_bytes();
+template <shared_arena C> bool single_copy_for(const C& c, std::size_t bytes) {
+  if constexpr (single_copy_arena<C>) return c.single_copy() && bytes >= c.single_copy_min_bytes();
   else return false;
 }
 
@@ -230,7 +238,7 @@ inline std::uint64_t address(const void* p) { return static_cast<std::uint64_t>(
 
 // Opens single-copy round `e`: publishes this rank's buffers and the call's
 // signature, waits for every rank's; returns what each rank exposed.
-template <arena_transport C>
+template <shared_arena C>
 std::unique_ptr<exposed[]> open_single_copy(C& c, std::uint64_t e, std::uint64_t sig, const char* name, const void* in,
                                             const void* out) {
   const int p = c.size();
@@ -246,7 +254,7 @@ std::unique_ptr<exposed[]> open_single_copy(C& c, std::uint64_t e, std::uint64_t
 // Reads n elements at byte address `remote` of rank q (exposed as x) into
 // `local`. A failed read (the peer died or its buffer vanished) aborts the
 // group, so that no survivor waits for this rank, and fails this call.
-template <arena_transport C, class T>
+template <shared_arena C, class T>
 void fetch(C& c, const exposed& x, int q, T* local, std::uint64_t remote, std::size_t n, const char* name) {
   const int err = cma::read(static_cast<int>(x.pid), local, reinterpret_cast<const void*>(static_cast<std::uintptr_t>(remote)),
                             n * sizeof(T));
@@ -259,7 +267,7 @@ void fetch(C& c, const exposed& x, int q, T* local, std::uint64_t remote, std::s
 // Awaits counter `k` of every rank at `e`. A failure that a dead rank caused
 // (noticed by the engine, or by a peer that aborted the group) is reported
 // as errc::peer_failed naming that rank; anything else as it came.
-template <arena_transport C>
+template <shared_arena C>
 void await_peers(C& c, const exposed* x, int k, std::uint64_t e, const char* name) {
   try {
     c.arena_await(k, e, name);
@@ -276,7 +284,7 @@ void await_peers(C& c, const exposed* x, int k, std::uint64_t e, const char* nam
 // (this rank's own part read from `mine`), finalized. Peers' parts come a
 // piece at a time into a scratch of policy::shm_single_copy_scratch_bytes
 // for all of them together, so the reduction reads them from cache.
-template <arena_transport C, element T, reduce_op Op>
+template <shared_arena C, element T, reduce_op Op>
 void reduce_remote(C& c, const exposed* x, const T* mine, std::size_t at, T* out, std::size_t n, Op op, const char* name) {
   const int p = c.size(), r = c.rank();
   const auto peers = static_cast<std::size_t>(p - 1);
@@ -298,14 +306,14 @@ void reduce_remote(C& c, const exposed* x, const T* mine, std::size_t at, T* out
 
 // The final barrier of a single-copy call: nobody returns (and may release
 // or rewrite a buffer) while a peer still reads it.
-template <arena_transport C> void close_single_copy(C& c, const exposed* x, std::uint64_t e, const char* name) {
+template <shared_arena C> void close_single_copy(C& c, const exposed* x, std::uint64_t e, const char* name) {
   c.arena_post(drained, e);
   await_peers(c, x, drained, e, name);
 }
 
 // allreduce() when single_copy_for(): shares of about count/p elements
 // (cache-line multiples), each reduced by its rank and read by the others.
-template <arena_transport C, element T, reduce_op Op>
+template <shared_arena C, element T, reduce_op Op>
 void allreduce_single_copy(C& c, const T* in, T* out, std::size_t count, Op op, std::uint64_t sig) {
   const char* name = "allreduce";
   const int p = c.size(), r = c.rank();
@@ -329,24 +337,182 @@ void allreduce_single_copy(C& c, const T* in, T* out, std::size_t count, Op op, 
   close_single_copy(c, x.get(), e, name);
 }
 
+// One rank, or nothing to reduce: out = in (avg divides by 1). Returns
+// whether that was all.
+template <element T, reduce_op Op> bool alone(int p, const T* in, T* out, std::size_t n, Op op) {
+  if (p != 1 && n != 0) return false;
+  copy_elems(out, in, n);
+  finalize(out, n, op, p);
+  return true;
+}
+
+// ---- shared buffers --------------------------------------------------------
+
+// Where a rank's buffers lie for a call on shared buffers (written at the
+// start of its arena half before `copied`, read by peers after it).
+struct exposed_shared {
+  std::uint64_t in_id, in_off, out_id, out_off;
+};
+
+// Whether a call of `bytes` (all ranks' data) on `in` (in_bytes) and `out`
+// (out_bytes) runs on shared buffers; if so, fills `x`.
+template <shared_arena C>
+bool shared_for(const C& c, std::size_t bytes, const void* in, std::size_t in_bytes, const void* out,
+                std::size_t out_bytes, exposed_shared& x) {
+  if constexpr (shared_buffers<C>) {
+    if (bytes < policy::shm_shared_min_bytes) return false;
+    const auto a = c.find_shared(in, in_bytes);
+    const auto b = a ? c.find_shared(out, out_bytes) : decltype(a){};
+    if (!b) return false;
+    x = {a->id, a->offset, b->id, b->offset};
+    return true;
+  } else {
+    (void)c, (void)bytes, (void)in, (void)in_bytes, (void)out, (void)out_bytes, (void)x;
+    return false;
+  }
+}
+
+// Every rank's `in` and `out` of a call on shared buffers, mapped here.
+struct peer_buffers {
+  std::vector<const std::byte*> in;
+  std::vector<std::byte*> out;
+};
+
+// Opens round `e` of a call on shared buffers: publishes `mine` and the
+// signature, waits for every rank's, and resolves where each rank's buffers
+// are mapped here (a buffer this rank does not have fails every rank).
+template <shared_arena C>
+peer_buffers open_shared(C& c, std::uint64_t e, std::uint64_t sig, const char* name, const exposed_shared& mine,
+                         std::size_t in_bytes, std::size_t out_bytes) {
+  const int p = c.size(), r = c.rank();
+  open_round(c, e, sig, name, [&] { std::memcpy(c.arena(r) + (e & 1) * half_bytes(c), &mine, sizeof mine); });
+  peer_buffers b{std::vector<const std::byte*>(static_cast<std::size_t>(p)), std::vector<std::byte*>(static_cast<std::size_t>(p))};
+  if constexpr (shared_buffers<C>) {
+    for (int q = 0; q < p; ++q) {
+      exposed_shared x;
+      std::memcpy(&x, c.arena(q) + (e & 1) * half_bytes(c), sizeof x);
+      const auto Q = static_cast<std::size_t>(q);
+      b.in[Q] = c.shared_at(q, x.in_id, x.in_off, in_bytes);
+      b.out[Q] = c.shared_at(q, x.out_id, x.out_off, out_bytes);
+      if (!b.in[Q] || !b.out[Q]) {
+        const std::string why = "rank " + std::to_string(q) + "'s buffers lie in shared buffers " +
+                                std::to_string(x.in_id) + "/" + std::to_string(x.out_id) + " that rank " +
+                                std::to_string(r) + " has not mapped (freed, or from another communicator)";
+        c.abort(why);
+        throw error(errc::mismatch, name, r, q, why);
+      }
+    }
+  }
+  return b;
+}
+
+// The final barrier of a call on shared buffers: nobody returns (and may
+// reuse a buffer) while a peer still reads or writes it.
+template <shared_arena C> void close_shared(C& c, std::uint64_t e, const char* name) {
+  c.arena_post(drained, e);
+  c.arena_await(drained, e, name);
+}
+
+// Share q of `count` elements over the ranks (cache-line multiples).
+template <class T> std::size_t share_of(std::size_t count, int p, int q, std::size_t& off) {
+  const auto P = static_cast<std::size_t>(p);
+  const std::size_t align = std::max<std::size_t>(1, policy::shm_arena_align / sizeof(T));
+  const std::size_t sh = ((count + P - 1) / P + align - 1) / align * align;
+  off = std::min(count, static_cast<std::size_t>(q) * sh);
+  return std::min(sh, count - off);
+}
+
+// dst[d][i] = finished op over q in rank order of src[q][i], for each of
+// the `k` destinations, in one pass over 64-byte lines: 16-byte GCC vector
+// types (which compute exactly what combine1 does for types reduced in their
+// own precision) and SSE2 streaming stores. Fusing matters: reducing a chunk
+// into a buffer and then stream-copying it to each destination ran at
+// 5-6 GB/s (64 MiB, 2 ranks, shared buffers), this at 8-12 (AVX2 stores:
+// 11-14, not worth a second clone). Returns how many leading elements it did
+// (0 when T is not such a type or a destination is not 16-byte aligned).
+template <element T, reduce_op Op>
+std::size_t reduce_stream_lines(int p, const T* const* src, T* const* dst, int k, std::size_t n, Op op) {
+#if defined(__GNUC__) && defined(__SSE2__) && !defined(__CUDACC__)
+  if constexpr (std::is_same_v<T, accum_t<T>> && std::is_arithmetic_v<T>) {
+    for (int d = 0; d < k; ++d)
+      if (reinterpret_cast<std::uintptr_t>(dst[d]) % 16 != 0) return 0;
+    using vec [[gnu::vector_size(16)]] = T;
+    constexpr std::size_t w = 16 / sizeof(T);
+    [[maybe_unused]] const T ranks = static_cast<T>(p);
+    std::size_t i = 0;
+    for (; i + 4 * w <= n; i += 4 * w) {
+      vec v[4];
+      std::memcpy(v, src[0] + i, sizeof v);
+      for (int q = 1; q < p; ++q) {
+        vec u[4];
+        std::memcpy(u, src[q] + i, sizeof u);
+        for (int h = 0; h < 4; ++h) v[h] = op(v[h], u[h]);
+      }
+      if constexpr (Op::kind == op_kind::avg)
+        for (auto& x : v) x = x / ranks;
+      for (int d = 0; d < k; ++d)
+        for (int h = 0; h < 4; ++h) {
+          __m128i bits;
+          std::memcpy(&bits, &v[h], 16);
+          _mm_stream_si128(reinterpret_cast<__m128i*>(dst[d] + i + static_cast<std::size_t>(h) * w), bits);
+        }
+    }
+    _mm_sfence();
+    return i;
+  }
+#endif
+  (void)p, (void)src, (void)dst, (void)k, (void)n, (void)op;
+  return 0;
+}
+
+// reduce_stream_lines, then the rest the way every other path reduces
+// (reduce_pieces), into every destination.
+template <shared_arena C, element T, reduce_op Op>
+void reduce_to_all(const C& c, int p, const T* const* src, T* const* dst, int k, std::size_t n, Op op) {
+  const std::size_t done = reduce_stream_lines(p, src, dst, k, n, op);
+  reduce_pieces<T>(
+      p, n - done, op, [&](int q) { return src[q] + done; },
+      [&](std::size_t j, const T* acc, std::size_t len) {
+        for (int d = 0; d < k; ++d) put(c, n * sizeof(T) >= policy::shm_stream_out_bytes, dst[d] + done + j, acc, len);
+      });
+}
+
+// allreduce() on shared buffers: share r reduced from every rank's `in`,
+// written into every rank's `out`.
+template <shared_arena C, element T, reduce_op Op>
+void allreduce_shared(C& c, const T* in, std::size_t count, Op op, std::uint64_t sig, const exposed_shared& x) {
+  const char* name = "allreduce";
+  const int p = c.size(), r = c.rank();
+  const std::uint64_t e = ++c.arena_epoch();
+  const peer_buffers b = open_shared(c, e, sig | on_shared, name, x, count * sizeof(T), count * sizeof(T));
+  std::size_t off;
+  const std::size_t n = share_of<T>(count, p, r, off);
+  std::vector<const T*> src(static_cast<std::size_t>(p));
+  std::vector<T*> dst(static_cast<std::size_t>(p));
+  for (int q = 0; q < p; ++q) {
+    const auto Q = static_cast<std::size_t>(q);
+    src[Q] = q == r ? in + off : reinterpret_cast<const T*>(b.in[Q]) + off;
+    dst[Q] = reinterpret_cast<T*>(b.out[Q]) + off;
+  }
+  reduce_to_all(c, p, src.data(), dst.data(), p, n, op);
+  close_shared(c, e, name);
+}
+
 } // namespace detail
 
 /// Allreduce of `count` elements from `in` into `out` (may be equal) through
 /// the arena. Every rank must call it with the same count, type and operator
 /// (checked: a mismatch fails every rank with an error naming both calls).
-template <arena_transport C, element T, reduce_op Op>
+template <shared_arena C, element T, reduce_op Op>
 void allreduce(C& c, const T* in, T* out, std::size_t count, Op op) {
-  const int p = c.size(), r = c.rank();
-  if (p == 1 || count == 0) {
-    copy_elems(out, in, count);
-    finalize(out, count, op, p);
-    return;
-  }
   using namespace detail;
+  const int p = c.size(), r = c.rank();
+  if (alone(p, in, out, count, op)) return;
   const char* name = "allreduce";
-  const std::size_t cap = half_bytes(c) / sizeof(T);
-  GRADSYNC_REQUIRE(cap >= static_cast<std::size_t>(p), name, r, "shm arena too small for this rank count");
+  const std::size_t cap = arena_elems<T>(c, name);
   const std::uint64_t sig = signature<T>(call::allreduce, count, Op::kind);
+  if (exposed_shared x; shared_for(c, count * sizeof(T), in, count * sizeof(T), out, count * sizeof(T), x))
+    return allreduce_shared(c, in, count, op, sig, x);
   if (single_copy_for(c, count * sizeof(T))) return allreduce_single_copy(c, in, out, count, op, sig);
   std::uint64_t& epoch = c.arena_epoch();
 
@@ -432,22 +598,25 @@ void allreduce(C& c, const T* in, T* out, std::size_t count, Op op) {
 /// elements; block r of the reduction (in rank order, like allreduce) goes to
 /// `out` on rank r, which may alias block r of `in`. One synchronisation per
 /// round instead of p-1 ring steps.
-template <arena_transport C, element T, reduce_op Op>
+template <shared_arena C, element T, reduce_op Op>
 void reduce_scatter(C& c, const T* in, T* out, std::size_t n, Op op) {
-  const int p = c.size(), r = c.rank();
-  if (p == 1 || n == 0) {
-    copy_elems(out, in, n);
-    finalize(out, n, op, p);
-    return;
-  }
   using namespace detail;
   const char* name = "reduce_scatter";
+  const int p = c.size(), r = c.rank();
+  if (alone(p, in, out, n, op)) return;
   const auto P = static_cast<std::size_t>(p), R = static_cast<std::size_t>(r);
-  const std::size_t cap = half_bytes(c) / sizeof(T);
-  GRADSYNC_REQUIRE(cap >= P, name, r, "shm arena too small for this rank count");
+  const std::size_t cap = arena_elems<T>(c, name);
   const std::uint64_t sig = signature<T>(call::reduce_scatter, n, Op::kind);
   const std::size_t sh = share<T>(n * P, P, cap); // piece of every block per round
   std::uint64_t& epoch = c.arena_epoch();
+  if (exposed_shared x; shared_for(c, n * P * sizeof(T), in, n * P * sizeof(T), out, n * sizeof(T), x)) {
+    const std::uint64_t e = ++epoch; // block r of every rank's `in`, in place
+    const peer_buffers b = open_shared(c, e, sig | on_shared, name, x, n * P * sizeof(T), n * sizeof(T));
+    std::vector<const T*> src(P);
+    for (std::size_t q = 0; q < P; ++q) src[q] = q == R ? in + R * n : reinterpret_cast<const T*>(b.in[q]) + R * n;
+    reduce_to_all(c, p, src.data(), &out, 1, n, op);
+    return close_shared(c, e, name);
+  }
   if (single_copy_for(c, n * P * sizeof(T))) { // block r from every rank's `in`, straight into `out`
     const std::uint64_t e = ++epoch;
     const auto x = open_single_copy(c, e, sig, name, in, out);
@@ -475,7 +644,7 @@ void reduce_scatter(C& c, const T* in, T* out, std::size_t n, Op op) {
 
 /// Allgather through the arena: rank q's `n` elements of `in` land in block q
 /// of `out` (size() blocks) on every rank; `in` may alias block r of `out`.
-template <arena_transport C, element T> void allgather(C& c, const T* in, T* out, std::size_t n) {
+template <shared_arena C, element T> void allgather(C& c, const T* in, T* out, std::size_t n) {
   const int p = c.size(), r = c.rank();
   const auto R = static_cast<std::size_t>(r);
   if (p == 1 || n == 0) {
@@ -488,6 +657,14 @@ template <arena_transport C, element T> void allgather(C& c, const T* in, T* out
   const std::uint64_t sig = signature<T>(call::allgather, n, op_kind::sum);
   const bool stream = n * static_cast<std::size_t>(p) * sizeof(T) >= policy::shm_stream_out_bytes;
   std::uint64_t& epoch = c.arena_epoch();
+  if (exposed_shared x; shared_for(c, n * static_cast<std::size_t>(p) * sizeof(T), in, n * sizeof(T), out,
+                                   n * static_cast<std::size_t>(p) * sizeof(T), x)) {
+    const std::uint64_t e = ++epoch; // every rank's `in` in place, into its block of `out`
+    const peer_buffers b = open_shared(c, e, sig | on_shared, name, x, n * sizeof(T), n * static_cast<std::size_t>(p) * sizeof(T));
+    for (int q = 0; q < p; ++q)
+      put(c, stream, out + static_cast<std::size_t>(q) * n, reinterpret_cast<const T*>(b.in[static_cast<std::size_t>(q)]), n);
+    return close_shared(c, e, name);
+  }
   copy_elems(out + R * n, in, n);
   if (single_copy_for(c, n * static_cast<std::size_t>(p) * sizeof(T))) { // every block straight from its owner's `in`
     const std::uint64_t e = ++epoch;

@@ -147,6 +147,16 @@ inline constexpr std::size_t shm_timed_stores_min_bytes = 256;
 /// transparent huge pages narrow it (64 MiB 4.2 / 3.5-3.8); reduce_scatter
 /// 64 MiB 2.7 / 2.0; allgather ties up to 4 MiB (5.4 / 5.5), loses beyond.
 inline constexpr std::size_t shm_single_copy_min_bytes = ~std::size_t{0};
+/// From this many bytes (all ranks' data of the call), shm_direct runs calls
+/// whose buffers all lie in shared buffers (shm::communicator::alloc_shared)
+/// in place instead of through the arena. Placeholder until measured: the
+/// arena's small path (one round, every rank reduces all) up to here.
+inline constexpr std::size_t shm_shared_min_bytes = shm_direct_small_bytes + 1;
+
+/// Tag of the messages shm::communicator::alloc_shared exchanges (object
+/// names, then a barrier); outside the collectives' default range.
+inline constexpr int shm_alloc_tag = 0x67537e00;
+
 /// Scratch a single-copy reduction reads the peers' pieces into (all peers
 /// together, at least 16 KiB each): stays in L2 with room for the output.
 /// 64 KiB was no faster (64 MiB allreduce 2.8 vs 2.7-3.1 GB/s).

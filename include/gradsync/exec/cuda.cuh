@@ -11,7 +11,7 @@
 // pointer is 16-byte aligned (cudaMalloc gives 256), else one element.
 //
 // Errors: every failed CUDA call throws gradsync::error of kind
-// errc::internal naming the call (compress/cuda/common.cuh's gpu::check).
+// errc::internal naming the call (core/cuda_check.cuh's gpu::check).
 // Kernels are checked for launch, not for completion: a fault while running
 // surfaces at the next checked call, fence() at the latest.
 #pragma once
@@ -27,7 +27,7 @@
 
 #include <cuda_runtime.h>
 
-#include "../compress/cuda/common.cuh"
+#include "../core/cuda_check.cuh"
 #include "../core/dtype.hpp"
 #include "../core/error.hpp"
 #include "../core/ops.hpp"
@@ -84,12 +84,12 @@ template <class T> struct axpby_f {
   __device__ T operator()(T x, T y) const { return axpby1<T>(a, x, b, y); }
 };
 
-/// compress::gpu::check, which throws errc::internal naming the call; a
+/// gpu::check, which throws errc::internal naming the call; a
 /// failed call is also the runtime's "last error", cleared here, or the next
 /// launch check would report it a second time as its own.
 inline void check(cudaError_t e, const char* op, const char* what) {
   if (e != cudaSuccess) (void)cudaGetLastError();
-  compress::gpu::check(e, op, what);
+  gpu::check(e, op, what);
 }
 
 inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
@@ -207,10 +207,10 @@ private:
     const bool vec = w > 1 && cuda_detail::aligned16(y) && (cuda_detail::aligned16(in) && ...);
     const std::size_t units = vec ? n / w + n % w : n; // threads with work in the first sweep
     const unsigned threads = policy::cuda_block_threads;
-    const unsigned blocks = compress::gpu::grid_for((units + threads - 1) / threads, threads, op);
+    const unsigned blocks = gpu::grid_for((units + threads - 1) / threads, threads, op);
     if (vec) cuda_detail::map_kernel<w><<<blocks, threads, 0, stream_>>>(y, n, f, in...);
     else cuda_detail::map_kernel<1><<<blocks, threads, 0, stream_>>>(y, n, f, in...);
-    compress::gpu::check_launch(op);
+    gpu::check_launch(op);
   }
 
   cudaStream_t stream_;

@@ -64,6 +64,28 @@ concept shared_arena = transport<C> && requires(C& c, int q, int k, std::uint64_
   c.abort(std::string());
 };
 
+/// A shared arena whose ranks can also read each other's private memory
+/// (cross-memory attach): single_copy() says whether they can, and
+/// single_copy_min_bytes() from which call size on algo/shm_direct.hpp does;
+/// both are the same on every rank.
+template <class C>
+concept single_copy_arena = shared_arena<C> && requires(const C& c) {
+  { c.single_copy() } -> std::convertible_to<bool>;
+  { c.single_copy_min_bytes() } -> std::convertible_to<std::uint64_t>;
+};
+
+/// A shared arena whose ranks can also map buffers every rank allocated
+/// together (shm::communicator::alloc_shared): find_shared(p, n) says where
+/// this rank's range lies in one (an id and offset, the same for that
+/// buffer on every rank), shared_at(q, id, offset, n) where rank q's part
+/// of it is mapped here (nullptr when it is not).
+template <class C>
+concept shared_buffers = shared_arena<C> && requires(const C& c, const void* p, std::size_t n, int q, std::uint64_t id) {
+  { c.find_shared(p, n)->offset } -> std::convertible_to<std::size_t>;
+  { c.find_shared(p, n)->id } -> std::convertible_to<std::uint64_t>;
+  { c.shared_at(q, id, n, n) } -> std::same_as<std::byte*>;
+};
+
 /// A transport on which any rank can call abort(reason): every pending and
 /// later operation of every rank of the group fails with errc::aborted
 /// instead of blocking (a blocked wait is woken, not left to time out).

@@ -250,16 +250,9 @@ public:
     auto st = make_state("inproc.send", peer, box);
     detail::posted mine{rank_, tag, const_cast<std::byte*>(data.data()), data.size(), st};
     detail::posted other;
-    {
-      std::lock_guard g(box.m);
-      if (w_->aborted()) return failed(st);
-      if (!take(box.recvs, rank_, tag, other)) {
-        box.sends.push_back(std::move(mine));
-        return request(st, w_->spin(), timeout());
-      }
-    }
+    if (!match(box, box.recvs, box.sends, rank_, mine, other)) return pending(st);
     transfer(mine, other, /*send_st=*/*st, /*recv_st=*/*other.st, peer, rank_);
-    return request(st, w_->spin(), timeout());
+    return pending(st);
   }
 
   /// Posts a receive of exactly `data.size()` bytes from `peer`.
@@ -279,17 +272,25 @@ private:
     auto st = make_state("inproc.recv", peer, box);
     detail::posted mine{peer, tag, data.data(), data.size(), st, upto};
     detail::posted other;
-    {
-      std::lock_guard g(box.m);
-      if (w_->aborted()) return failed(st);
-      if (!take(box.sends, peer, tag, other)) {
-        box.recvs.push_back(std::move(mine));
-        return request(st, w_->spin(), timeout());
-      }
-    }
+    if (!match(box, box.sends, box.recvs, peer, mine, other)) return pending(st);
     transfer(other, mine, *other.st, *st, rank_, peer);
-    return request(st, w_->spin(), timeout());
+    return pending(st);
   }
+  // Under the box's lock: takes the oldest entry of `from` posted by `src`
+  // with mine's tag into `other` (true), or queues `mine` on `to` (false;
+  // an aborted world fails it at once instead).
+  bool match(detail::mailbox& box, std::deque<detail::posted>& from, std::deque<detail::posted>& to, int src,
+             detail::posted& mine, detail::posted& other) {
+    std::lock_guard g(box.m);
+    if (w_->aborted()) {
+      detail::complete(*mine.st, "aborted: " + w_->reason(), errc::aborted);
+      return false;
+    }
+    if (take(from, src, mine.tag, other)) return true;
+    to.push_back(std::move(mine));
+    return false;
+  }
+  request pending(std::shared_ptr<detail::op_state> st) { return request(std::move(st), w_->spin(), timeout()); }
   static bool take(std::deque<detail::posted>& q, int peer, int tag, detail::posted& out) {
     for (auto it = q.begin(); it != q.end(); ++it)
       if (it->peer == peer && it->tag == tag) {
@@ -321,10 +322,6 @@ private:
     st->rank = rank_;
     st->peer = peer;
     return st;
-  }
-  request failed(std::shared_ptr<detail::op_state> st) {
-    detail::complete(*st, "aborted: " + w_->reason(), errc::aborted);
-    return request(std::move(st), false, timeout());
   }
   void check_peer(const char* op, int peer) const {
     GRADSYNC_REQUIRE(peer >= 0 && peer < size(), op, rank_,

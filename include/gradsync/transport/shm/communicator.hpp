@@ -41,6 +41,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -56,12 +59,14 @@
 #include "../../core/error.hpp"
 #include "../../core/policy.hpp"
 #include "../../core/process.hpp"
+#include "../../core/random_name.hpp"
 #include "../../core/timed_choice.hpp"
 #include "../capabilities.hpp"
 #include "../transport.hpp"
 #include "arena.hpp"
 #include "engine.hpp"
 #include "segment.hpp"
+#include "shared_buffer.hpp"
 
 namespace gradsync::shm {
 
@@ -274,10 +279,86 @@ public:
   /// largest any rank asked for with GRADSYNC_SHM_SINGLE_COPY=<bytes>, else
   /// policy::shm_single_copy_min_bytes.
   std::uint64_t single_copy_min_bytes() const noexcept { return arena_.single_copy_min(); }
+  /// Allocates `bytes` that every rank of the group maps (see
+  /// shared_buffer.hpp): a collective call, the same size on every rank
+  /// (else every rank fails with errc::mismatch naming both sizes).
+  /// Collectives whose buffers all lie in such memory read and write the
+  /// peers' buffers in place (algo/shm_direct.hpp).
+  shared_buffer alloc_shared(std::size_t bytes) {
+    const char* op = "shm.alloc_shared";
+    const int r = rank(), p = size();
+    const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    const std::size_t mapped = std::max(page, (bytes + page - 1) / page * page);
+    struct announce {
+      char name[64];
+      std::uint64_t bytes, id;
+    };
+    announce mine{};
+    const std::string nm = gradsync::detail::random_name("/gradsync-buf-", op, r);
+    nm.copy(mine.name, sizeof mine.name - 1);
+    mine.bytes = bytes;
+    mine.id = registry_->next_id();
+    detail::registry::entry e{mine.id, bytes, std::vector<detail::mapping>(static_cast<std::size_t>(p))};
+    e.of[static_cast<std::size_t>(r)] = detail::map_object(nm, mapped, true, op, r);
+    struct unlink_guard {
+      const std::string& n;
+      ~unlink_guard() { ::shm_unlink(n.c_str()); }
+    } unlink_mine{nm}; // once every peer has mapped it, or on failure
+    std::vector<announce> theirs(static_cast<std::size_t>(p));
+    exchange(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(theirs)), sizeof(announce));
+    // Every rank sees every announcement, so all of them agree on a mismatch
+    // and fail alike, without another message.
+    for (int q = 1; q < p; ++q) {
+      const announce &a = theirs[static_cast<std::size_t>(q)], &z = theirs[0];
+      if (a.bytes != z.bytes || a.id != z.id)
+        throw error(errc::mismatch, op, r, q == r ? 0 : q,
+                    "rank 0 allocates " + std::to_string(z.bytes) + " bytes (shared buffer " + std::to_string(z.id) +
+                        "), rank " + std::to_string(q) + " " + std::to_string(a.bytes) + " (shared buffer " +
+                        std::to_string(a.id) + "): every rank must allocate alike");
+    }
+    try {
+      for (int q = 0; q < p; ++q)
+        if (q != r) {
+          const announce& a = theirs[static_cast<std::size_t>(q)];
+          e.of[static_cast<std::size_t>(q)] =
+              detail::map_object(std::string(a.name, strnlen(a.name, sizeof a.name)), mapped, false, op, r);
+        }
+    } catch (const error& x) {
+      abort(x.what()); // the peers would otherwise wait for this rank's barrier
+      throw;
+    }
+    std::vector<char> none(static_cast<std::size_t>(p));
+    exchange(std::as_bytes(std::span(none).first(1)), std::as_writable_bytes(std::span(none)), 1); // all mapped
+    std::byte* base = e.of[static_cast<std::size_t>(r)].data();
+    registry_->add(std::move(e));
+    return shared_buffer(registry_, mine.id, base, bytes);
+  }
+  /// The shared buffer of this rank holding all of [p, p + n), if any.
+  std::optional<shared_view> find_shared(const void* p, std::size_t n) const { return registry_->find(rank(), p, n); }
+  /// Rank q's part of shared buffer `id` at byte `offset`, mapped in this
+  /// process, or nullptr if this rank has no such buffer of `n` bytes there.
+  std::byte* shared_at(int q, std::uint64_t id, std::size_t offset, std::size_t n) const {
+    return registry_->at(q, id, offset, n);
+  }
+
   /// How large collectives move data, for reports: "cma" or "arena".
   std::string_view copy_mode() const noexcept { return single_copy() ? "cma" : "arena"; }
 
 private:
+  // Sends `mine` (`each` bytes) to every peer and gathers every rank's
+  // into `all` (rank q's at q * each; this rank's copied), on shm_alloc_tag.
+  void exchange(std::span<const std::byte> mine, std::span<std::byte> all, std::size_t each) {
+    const int r = rank(), p = size();
+    std::memcpy(all.data() + static_cast<std::size_t>(r) * each, mine.data(), each);
+    std::vector<request> reqs;
+    for (int q = 0; q < p; ++q)
+      if (q != r) {
+        reqs.push_back(irecv(all.subspan(static_cast<std::size_t>(q) * each, each), q, policy::shm_alloc_tag));
+        reqs.push_back(isend(mine.first(each), q, policy::shm_alloc_tag));
+      }
+    for (auto& q : reqs) q.wait();
+  }
+
   // GRADSYNC_SHM_STORES: auto (default), stream or plain; checked before the
   // group forms, so a bad value fails every rank alike instead of one.
   static int stores_setting(int rank) {
@@ -329,15 +410,17 @@ private:
     e_ = std::make_shared<detail::engine>(std::move(seg), rank, size);
     arena_ = detail::collective_arena(e_, stores);
     arena_.agree_single_copy(single_copy);
+    registry_ = std::make_shared<detail::registry>();
   }
 
   std::shared_ptr<detail::engine> e_;
   detail::collective_arena arena_;
+  std::shared_ptr<detail::registry> registry_;
 };
 
 static_assert(transport<communicator>);
 static_assert(upto_receiver<communicator> && shared_arena<communicator> && abortable<communicator> &&
-              timed<communicator>);
+              timed<communicator> && shared_buffers<communicator>);
 static_assert(!node_map<communicator> && !device_memory<communicator> && !stream_ordered<communicator>);
 
 } // namespace gradsync::shm
