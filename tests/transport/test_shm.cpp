@@ -808,8 +808,11 @@ TEST_CASE("shm_direct: ranks writing the arena in different ways (streaming, ord
   namespace sd = gradsync::algo::shm_direct;
   const std::size_t small = gradsync::policy::shm_direct_small_bytes / sizeof(float);
   const std::size_t round = gradsync::policy::shm_allreduce_round_bytes / sizeof(float);
-  // below and at the timed minimum, the small path, one round, many rounds
-  const std::vector<std::size_t> counts{1, 63, 64, small - 3, small + 1, round / 2 + 5, 3 * round + 17};
+  // below and at the timed minimum, the small path, one round, many rounds,
+  // and outputs large enough for streaming stores (the fused pass when the
+  // arena is written with streaming stores too)
+  const std::size_t streamed_out = gradsync::policy::shm_stream_out_bytes / sizeof(float) + 21;
+  const std::vector<std::size_t> counts{1, 63, 64, small - 3, small + 1, round / 2 + 5, 3 * round + 17, streamed_out};
   for (int p = 1; p <= 4; ++p) {
     CAPTURE(p);
     auto res = spawn(p, [&](communicator& base) {
@@ -819,7 +822,7 @@ TEST_CASE("shm_direct: ranks writing the arena in different ways (streaming, ord
       const auto P = static_cast<std::size_t>(p), R = static_cast<std::size_t>(r);
       const int tri = p * (p + 1) / 2;
       for (std::size_t n : counts)
-        for (int rep = 0; rep < 12; ++rep) {
+        for (int rep = 0; rep < (n == streamed_out ? 3 : 12); ++rep) {
           const std::string at = " (count " + std::to_string(n) + ", call " + std::to_string(rep) + ")";
           std::vector<float> v(n);
           for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>((r + 1) * static_cast<int>((i + rep) % 7 + 1));

@@ -562,6 +562,7 @@ void allreduce(C& c, const T* in, T* out, std::size_t count, Op op) {
     return off >= count ? std::size_t{0} : std::min(sh, count - off);
   };
   const bool stream = count * sizeof(T) >= policy::shm_stream_out_bytes;
+  std::vector<const T*> srcs(P);
   with_stores(c, call::allreduce, count * sizeof(T), [&](bool streamed) {
     for (std::size_t base = 0; base < count; base += sh * P) {
       const std::uint64_t e = ++epoch;
@@ -575,13 +576,17 @@ void allreduce(C& c, const T* in, T* out, std::size_t count, Op op) {
       // My share: into `out` and into my arena, where the peers read it. (In
       // place, each piece of my share of `in` is read before it is overwritten.)
       const std::size_t n = part(base, r, off);
-      reduce_pieces<T>(
-          p, n, op,
-          [&](int q) { return q == r ? in + off : static_cast<const T*>(stage<T>(c, q, e) + (off - base)); },
-          [&](std::size_t k, const T* acc, std::size_t len) {
-            put(c, stream, out + off + k, acc, len);
-            put(c, streamed, mine + (off - base) + k, acc, len);
-          });
+      auto src = [&](int q) { return q == r ? in + off : static_cast<const T*>(stage<T>(c, q, e) + (off - base)); };
+      if (streamed && stream) { // both stores streaming: one fused pass (see reduce_stream_lines)
+        for (int q = 0; q < p; ++q) srcs[static_cast<std::size_t>(q)] = src(q);
+        T* const dst[2] = {out + off, mine + (off - base)};
+        reduce_to_all(c, p, srcs.data(), dst, 2, n, op);
+      } else {
+        reduce_pieces<T>(p, n, op, src, [&](std::size_t k, const T* acc, std::size_t len) {
+          put(c, stream, out + off + k, acc, len);
+          put(c, streamed, mine + (off - base) + k, acc, len);
+        });
+      }
       c.arena_post(reduced, e);
 
       c.arena_await(reduced, e, name);
