@@ -3,8 +3,10 @@
 # launcher needed); every allreduce algorithm beside the calibrated model's
 # prediction and -a auto (8 in-process ranks, and, when MPI is present,
 # `mpiexec -n 2` over the mpi and shm transports with MPI's own collective);
-# gradsync vs MPI's other collectives; the codecs; last, bench/auto_check.py's
-# tables: per size, auto against the best fixed algorithm.
+# over shm also on shared buffers (alloc_shared); gradsync vs MPI's other
+# collectives; the codecs; last, bench/auto_check.py's tables (per size, auto
+# against the best fixed algorithm) and bench/versus.py's (ring and shm
+# against MPI's own allreduce, busbw against the memcpy limit).
 # Usage: bench/suite.sh [BUILD_DIR]   (tables on stdout; JSON lines in BUILD_DIR/bench-results)
 set -euo pipefail
 build=${1:-build-bench}
@@ -22,12 +24,19 @@ inproc8=(allreduce -t inproc --ranks 8 --group-size 4 -a ring,tree,dbtree,rd,rab
 run "$bench" "${inproc8[@]}" -b 8 -e 256K -f 8 --json "$out/inproc8-allreduce-small.json"
 run "$bench" "${inproc8[@]}" -b 1M -e 16M -f 4 -n 10 -w 2 --json "$out/inproc8-allreduce-large.json"
 checked=("$out"/inproc8-allreduce-small.json "$out"/inproc8-allreduce-large.json)
+versus=()
 
 if command -v mpiexec >/dev/null && "$bench" allreduce --help 2>/dev/null | grep -q mpi; then
   every=ring,tree,dbtree,rd,rabenseifner,auto
   run mpiexec -n 2 "$bench" allreduce -t mpi -a "$every,native" -b 8 -e 64M -f 4 -c 1 --json "$out/mpi-allreduce.json"
   run mpiexec -n 2 "$bench" allreduce -t shm -a "direct,$every" -b 8 -e 64M -f 4 -c 1 --json "$out/shm-allreduce.json"
+  # Buffers from alloc_shared: shm_direct reads and writes them in place.
+  run mpiexec -n 2 "$bench" allreduce -t shm -a direct,auto --shared-buffers -b 8 -e 64M -f 4 -c 1 \
+    --json "$out/shm-shared-allreduce.json"
   checked+=("$out"/mpi-allreduce.json "$out"/shm-allreduce.json)
+  versus+=("mpi:ring mpi:native $out/mpi-allreduce.json"
+           "shm:auto mpi:native $out/shm-allreduce.json $out/mpi-allreduce.json"
+           "shm:direct:shared mpi:native shared=$out/shm-shared-allreduce.json $out/mpi-allreduce.json")
   for c in reduce_scatter allgather broadcast; do
     run mpiexec -n 2 "$bench" "$c" -t mpi -a auto,native -b 8 -e 64M -f 16 -c 1 --json "$out/mpi-$c.json"
   done
@@ -39,5 +48,9 @@ run "$bench" compress -z fp16 -z bf16 -z int8 -z int4 -z sign -z qsgd -z terngra
 
 if command -v python3 >/dev/null; then
   run python3 "$(dirname "$0")/auto_check.py" "${checked[@]}"
+  for v in "${versus[@]}"; do
+    # shellcheck disable=SC2086 # each entry is: OURS THEIRS FILE...
+    run python3 "$(dirname "$0")/versus.py" $v
+  done
 fi
 echo; echo "JSON results in $out"
