@@ -45,9 +45,14 @@ inline constexpr double model_beta = 2.4e-11;
 inline constexpr double model_gamma = 3.3e-11;
 
 /// calibrate(): round trips timed per link (the large message gets a quarter
-/// as many) and the large message / reduce-kernel buffer size.
+/// as many) and the large message / reduce-kernel buffer size. 8 MiB, beyond
+/// L2, so beta is what large messages pay: at 1 MiB (in cache) beta over
+/// shm came out 4-7x below what the message path moves at 8-64 MiB, and in
+/// 2 of 11 runs `auto` then took ring over direct for a 64 MiB allreduce
+/// (81 ms instead of 10; mpiexec -n 2 gradsync-bench allreduce -t shm -a auto
+/// -b 64M -e 64M, CI VM). Calibration still takes well under a second.
 inline constexpr int calibrate_iters = 20;
-inline constexpr std::size_t calibrate_bytes = std::size_t{1} << 20;
+inline constexpr std::size_t calibrate_bytes = std::size_t{8} << 20;
 
 /// How long a blocked send/receive waits for its peer before failing with an
 /// error instead of hanging (a peer that never calls the collective, or calls
