@@ -47,10 +47,12 @@ inline constexpr double model_gamma = 3.3e-11;
 /// calibrate(): round trips timed per link (the large message gets a quarter
 /// as many) and the large message / reduce-kernel buffer size. 8 MiB, beyond
 /// L2, so beta is what large messages pay: at 1 MiB (in cache) beta over
-/// shm came out 4-7x below what the message path moves at 8-64 MiB, and in
-/// 2 of 11 runs `auto` then took ring over direct for a 64 MiB allreduce
-/// (81 ms instead of 10; mpiexec -n 2 gradsync-bench allreduce -t shm -a auto
-/// -b 64M -e 64M, CI VM). Calibration still takes well under a second.
+/// shm came out 4-7x below what the message path moves at 8-64 MiB, and
+/// `auto` then took ring over direct for a 64 MiB allreduce in 1 of 6 runs
+/// (81 ms instead of 10; 4 of 16 runs ran at ~0.1x memcpy, the same
+/// symptom; mpiexec -n 2 gradsync-bench allreduce -t shm -a auto -b 64M
+/// -e 64M, CI VM); at 8 MiB, 8 of 8 runs took direct. Calibration still
+/// takes well under a second.
 inline constexpr int calibrate_iters = 20;
 inline constexpr std::size_t calibrate_bytes = std::size_t{8} << 20;
 
@@ -154,8 +156,11 @@ inline constexpr std::size_t shm_timed_stores_min_bytes = 256;
 inline constexpr std::size_t shm_single_copy_min_bytes = ~std::size_t{0};
 /// From this many bytes (all ranks' data of the call), shm_direct runs calls
 /// whose buffers all lie in shared buffers (shm::communicator::alloc_shared)
-/// in place instead of through the arena. Placeholder until measured: the
-/// arena's small path (one round, every rank reduces all) up to here.
+/// in place instead of through the arena. Up to here the arena's small path
+/// (one round, every rank reduces all) runs; above it shared buffers were
+/// faster at every size measured (2 ranks, README suite 2026-12-01: 32 KiB
+/// 4.8 us vs the arena's 9.3, 512 KiB 57 vs 74, 64 MiB 7.0 ms vs 12.7).
+/// Below it not measured.
 inline constexpr std::size_t shm_shared_min_bytes = shm_direct_small_bytes + 1;
 
 /// Tag of the messages shm::communicator::alloc_shared exchanges (object
