@@ -22,6 +22,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -311,6 +312,28 @@ void check_allreduce(communicator& c, std::size_t n) {
   }
 }
 
+// Allgather of rank r's iin(r, i) from `mine` into `all` (mine.size() per
+// rank), out of place (then `after`, e.g. a check of the path taken) and in
+// place, against the values computed here.
+template <class After>
+void check_allgather(communicator& c, std::span<std::int64_t> mine, std::span<std::int64_t> all, const std::string& at,
+                     After after) {
+  const std::size_t n = mine.size(), R = static_cast<std::size_t>(c.rank());
+  for (std::size_t i = 0; i < n; ++i) mine[i] = iin(c.rank(), i);
+  auto check = [&](const char* what) {
+    for (std::size_t q = 0; q < all.size() / std::max<std::size_t>(1, n); ++q)
+      for (std::size_t i = 0; i < n; ++i) expect(all[q * n + i] == iin(static_cast<int>(q), i), what + at);
+  };
+  std::fill(all.begin(), all.end(), -1);
+  sd::allgather(c, mine.data(), all.data(), n);
+  after();
+  check("allgather");
+  std::fill(all.begin(), all.end(), -1);
+  std::copy(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(R * n));
+  sd::allgather(c, all.data() + R * n, all.data(), n); // in place
+  check("in-place allgather");
+}
+
 // Reduce-scatter and allgather of blocks of `n` elements, in and out of place.
 void check_scatter_gather(communicator& c, std::size_t n) {
   const int p = c.size(), r = c.rank();
@@ -331,18 +354,11 @@ void check_scatter_gather(communicator& c, std::size_t n) {
     for (int q = 1; q < p; ++q) want = std::max(want, fin(q, R * n + i));
     expect(in[R * n + i] == want, "in-place reduce_scatter" + at);
   }
-  std::vector<std::int64_t> mine(n), all(n * P, -1);
-  for (std::size_t i = 0; i < n; ++i) mine[i] = iin(r, i);
-  sd::allgather(c, mine.data(), all.data(), n);
-  expect(took_single_copy(c, mine.data(), all.data()) == single_for(c, all.size() * sizeof(std::int64_t)),
-         "allgather path" + at);
-  for (std::size_t q = 0; q < P; ++q)
-    for (std::size_t i = 0; i < n; ++i) expect(all[q * n + i] == iin(static_cast<int>(q), i), "allgather" + at);
-  std::fill(all.begin(), all.end(), -1);
-  std::copy(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(R * n));
-  sd::allgather(c, all.data() + R * n, all.data(), n); // in place
-  for (std::size_t q = 0; q < P; ++q)
-    for (std::size_t i = 0; i < n; ++i) expect(all[q * n + i] == iin(static_cast<int>(q), i), "in-place allgather" + at);
+  std::vector<std::int64_t> mine(n), all(n * P);
+  check_allgather(c, std::span(mine), std::span(all), at, [&] {
+    expect(took_single_copy(c, mine.data(), all.data()) == single_for(c, all.size() * sizeof(std::int64_t)),
+           "allgather path" + at);
+  });
 }
 
 } // namespace
@@ -518,17 +534,10 @@ void check_shared(communicator& c, std::size_t n) {
     expect(in[R * b + i] == want, "in-place reduce_scatter" + at);
   }
   auto mb = c.alloc_shared(b * sizeof(std::int64_t)), ab = c.alloc_shared(b * P * sizeof(std::int64_t));
-  auto mine = mb.as<std::int64_t>(), all = ab.as<std::int64_t>();
-  for (std::size_t i = 0; i < b; ++i) mine[i] = iin(r, i);
-  std::fill(all.begin(), all.end(), -1);
-  sd::allgather(c, mine.data(), all.data(), b);
-  for (std::size_t q = 0; q < P; ++q)
-    for (std::size_t i = 0; i < b; ++i) expect(all[q * b + i] == iin(static_cast<int>(q), i), "allgather" + at);
-  std::fill(all.begin(), all.end(), -1);
-  std::copy(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(R * b));
-  sd::allgather(c, all.data() + R * b, all.data(), b); // in place
-  for (std::size_t q = 0; q < P; ++q)
-    for (std::size_t i = 0; i < b; ++i) expect(all[q * b + i] == iin(static_cast<int>(q), i), "in-place allgather" + at);
+  check_allgather(c, mb.as<std::int64_t>(), ab.as<std::int64_t>(), at, [&] {
+    if (p > 1) expect(took_shared(c, mb, ab) == (b * P * sizeof(std::int64_t) >= gradsync::policy::shm_shared_min_bytes),
+                      "allgather path" + at);
+  });
 }
 
 } // namespace
