@@ -217,6 +217,15 @@ void reduce_pieces(int p, std::size_t m, Op op, Src src, Sink sink) {
   }
 }
 
+// Share q of `count` elements over the ranks (cache-line multiples).
+template <class T> std::size_t share_of(std::size_t count, int p, int q, std::size_t& off) {
+  const auto P = static_cast<std::size_t>(p);
+  const std::size_t align = std::max<std::size_t>(1, policy::shm_arena_align / sizeof(T));
+  const std::size_t sh = ((count + P - 1) / P + align - 1) / align * align;
+  off = std::min(count, static_cast<std::size_t>(q) * sh);
+  return std::min(sh, count - off);
+}
+
 // ---- single copy (cross-memory attach) ------------------------------------
 
 // Whether a call of `bytes` takes the single-copy path: the same answer on
@@ -317,13 +326,7 @@ template <shared_arena C, element T, reduce_op Op>
 void allreduce_single_copy(C& c, const T* in, T* out, std::size_t count, Op op, std::uint64_t sig) {
   const char* name = "allreduce";
   const int p = c.size(), r = c.rank();
-  const auto P = static_cast<std::size_t>(p);
-  const std::size_t align = std::max<std::size_t>(1, policy::shm_arena_align / sizeof(T));
-  const std::size_t sh = ((count + P - 1) / P + align - 1) / align * align;
-  auto part = [&](int q, std::size_t& off) {
-    off = std::min(count, static_cast<std::size_t>(q) * sh);
-    return std::min(sh, count - off);
-  };
+  auto part = [&](int q, std::size_t& off) { return share_of<T>(count, p, q, off); };
   const std::uint64_t e = ++c.arena_epoch();
   const auto x = open_single_copy(c, e, sig, name, in, out);
   std::size_t off;
@@ -411,15 +414,6 @@ peer_buffers open_shared(C& c, std::uint64_t e, std::uint64_t sig, const char* n
 template <shared_arena C> void close_shared(C& c, std::uint64_t e, const char* name) {
   c.arena_post(drained, e);
   c.arena_await(drained, e, name);
-}
-
-// Share q of `count` elements over the ranks (cache-line multiples).
-template <class T> std::size_t share_of(std::size_t count, int p, int q, std::size_t& off) {
-  const auto P = static_cast<std::size_t>(p);
-  const std::size_t align = std::max<std::size_t>(1, policy::shm_arena_align / sizeof(T));
-  const std::size_t sh = ((count + P - 1) / P + align - 1) / align * align;
-  off = std::min(count, static_cast<std::size_t>(q) * sh);
-  return std::min(sh, count - off);
 }
 
 // dst[d][i] = finished op over q in rank order of src[q][i], for each of
