@@ -228,4 +228,35 @@ inline constexpr double approx_topk_candidate_factor = 2.0;
 /// replaced by a fresh random direction.
 inline constexpr float powersgd_dependence_tol = 1e-4f;
 
+// ---- compressed collectives and tensor fusion (compressed.hpp, fusion/) ----
+
+/// Uncompressed bytes per segment of the compressed ring: each segment is one
+/// codec payload (32-byte header plus parameters and scales), so segments are
+/// 4x the plain ring's to keep headers under 0.1 % of an int8 payload while
+/// a 64 MiB tensor still pipelines in 32 segments per block at 2 ranks.
+inline constexpr std::size_t compressed_segment_bytes = std::size_t{1} << 20;
+
+/// Sparse codecs allgather their payloads: every rank receives p - 1 of them.
+/// The sparse path stays while those bytes are below this many times the
+/// bytes a dense ring allreduce of the same tensor receives (2 (p-1)/p n);
+/// past it the payload is decoded and the (now sparse-valued) tensor goes
+/// through the dense ring. Equal cost at 1.0 by bytes; the sparse sum's
+/// scattered adds cost about what the dense ring's streaming reduce saves
+/// (docs/benchmarks.md, "sparse vs dense").
+inline constexpr double sparse_dense_ratio = 1.0;
+
+/// Fusion: bytes per bucket (Horovod's fusion threshold is 64 MiB, PyTorch
+/// DDP's bucket_cap_mb 25 MiB). Large enough that per-call overhead is noise
+/// for 4 KiB tensors (1024 of them fill 4 MiB); docs/benchmarks.md, fusion.
+inline constexpr std::size_t fusion_bucket_bytes = std::size_t{25} << 20;
+/// The first bucket is small (as DDP's 1 MiB first bucket): the last layers'
+/// gradients, produced first by backward, start moving while the rest is
+/// still being computed.
+inline constexpr std::size_t fusion_first_bucket_bytes = std::size_t{1} << 20;
+/// A bucket that has not filled runs after this long (Horovod's cycle time).
+inline constexpr std::chrono::microseconds fusion_cycle_time{2000};
+/// Submitted tensors the planner looks ahead over to fill a bucket of one
+/// key (dtype, op, codec) before it closes the bucket in submission order.
+inline constexpr std::size_t fusion_lookahead = 64;
+
 } // namespace gradsync::policy
