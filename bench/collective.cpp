@@ -168,6 +168,11 @@ int collective_main(std::string_view name, int argc, char** argv) {
   app.add_flag("--shared-buffers", cfg.shared,
                "-t shm: inputs and outputs in memory every rank maps (communicator::alloc_shared), which "
                "shm_direct reads and writes in place");
+  std::vector<std::string> codecs;
+  app.add_option("-z,--codec", codecs,
+                 "allreduce: also run compressed_allreduce with this codec (repeatable; float dtypes, avg/sum): "
+                 "a row always compressed and a row where compress_mode::automatic decides. " +
+                     std::string(compress::spec_help));
   sweep_options sw;
   sw.add_to(app);
   app.add_flag("--inject-error", cfg.inject, "corrupt one result element on rank 0 (tests the checker)")
@@ -191,6 +196,15 @@ int collective_main(std::string_view name, int argc, char** argv) {
   cfg.json = sw.json;
   cfg.segment_bytes = parse_bytes(segment, "--segment");
   if (cfg.inject && !cfg.check) throw std::invalid_argument("--inject-error needs -c 1");
+  for (const auto& z : codecs) {
+    cfg.codecs.push_back(compress::parse_spec(z));
+    compress::with_codec<float>(cfg.codecs.back(), 1024, [](const auto&, const auto&) {}); // fail early
+  }
+  if (!cfg.codecs.empty()) {
+    if (cfg.kind != coll::allreduce) throw std::invalid_argument("-z: compressed rows exist for allreduce only");
+    if (cfg.dt != dtype::f32) throw std::invalid_argument("-z: compressed rows are built for -d f32 only");
+    if (cfg.op != op_kind::sum && cfg.op != op_kind::avg) throw std::invalid_argument("-z: compressed allreduce reduces with sum or avg");
+  }
 
   std::atomic<std::int64_t> wrong{0};
   with_transport(cfg.transport, cfg.ranks, [&](auto& c) { wrong.store(run_rank(c, cfg)); });

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <gradsync/algo/options.hpp>
+#include <gradsync/compress/spec.hpp>
 #include <gradsync/core/dtype.hpp>
 #include <gradsync/core/ops.hpp>
 
@@ -47,6 +48,9 @@ struct config {
   bool inject = false; ///< corrupt one element on rank 0 per row (tests the checker)
   bool shared = false; ///< buffers from the communicator's alloc_shared (shm)
   std::string json;
+  /// -z: codecs of compressed allreduce rows (two rows per codec and size:
+  /// always compressed, and compress_mode::automatic with its decision).
+  std::vector<compress::spec> codecs;
 };
 
 /// The whole sweep on one rank of `c` with elements of type T: one row per

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <span>
 #include <string>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include <gradsync/collectives.hpp>
+#include <gradsync/compressed.hpp>
 
 #include "collective.hpp"
 #include "transports.hpp"
@@ -256,6 +258,87 @@ template <class C>
 struct shared_type<C> { using type = decltype(std::declval<C&>().alloc_shared(std::size_t{1})); };
 template <class C> using shared_of = typename shared_type<C>::type;
 
+// Compressed allreduce rows of one size: per codec, a row always compressed
+// ("z:CODEC>path") and one whose compress_mode::automatic decides
+// ("z:CODEC:auto>path"), in place on `buf`, error feedback on (as trainers
+// run it). The check: every rank's result bitwise equal to rank 0's (lossy
+// results have no closed form); the relative L2 error against the exact
+// reduction goes to the JSON. Wire bytes: the most any rank sent. f32 only
+// (every codec x transport x op is a template instance: the build time).
+template <transport C, element T, reduce_op Op>
+std::int64_t compressed_rows(C& c, const config& cfg, const selector& sel, report& rep, const shape& s, T* buf,
+                             const iteration_plan& plan) {
+  if constexpr (!std::is_same_v<T, float> || !(std::is_same_v<Op, op::sum> || std::is_same_v<Op, op::avg>)) {
+    return 0;
+  } else {
+    const int p = c.size(), r = c.rank();
+    std::int64_t total_wrong = 0;
+    const std::span<T> data(buf, s.in_n);
+    for (const auto& spec : cfg.codecs)
+      for (const bool automatic : {false, true}) {
+        const compression z{.codec = spec, .mode = automatic ? compress_mode::automatic : compress_mode::always};
+        const options o{.segment_bytes = cfg.segment_bytes, .select = &sel, .group_size = cfg.group_size};
+        compress_state<T> st;
+        fill_input<T>(coll::allreduce, buf, s, r, op_kind::sum);
+        auto call = [&] { compressed_allreduce(c, data, z, st, Op{}, o); };
+        const double sec = time_calls(c, call, plan);
+        // Check on fresh inputs: identical on all ranks, error against the closed form.
+        fill_input<T>(coll::allreduce, buf, s, r, op_kind::sum);
+        compress_state<T> fresh;
+        fresh.costs = st.costs; // the decision of the timed rows, not a new measurement
+        compressed_allreduce(c, data, z, fresh, Op{}, o);
+        std::uint64_t h = 1469598103934665603ull;
+        double num = 0, den = 0;
+        for (std::size_t i = 0; i < s.in_n; ++i) {
+          const double want = static_cast<double>(widen(reduced_value<T>(p, i % period, cfg.op)));
+          const double got = static_cast<double>(widen(buf[i]));
+          num += (got - want) * (got - want);
+          den += want * want;
+          std::uint64_t b = 0;
+          std::memcpy(&b, &buf[i], sizeof(T));
+          h = (h ^ b) * 1099511628211ull;
+        }
+        std::int64_t hs[2] = {static_cast<std::int64_t>(h >> 1), -static_cast<std::int64_t>(h >> 1)};
+        allreduce(c, std::span<std::int64_t>(hs, 2), op::min{});
+        std::int64_t wrong = cfg.check && hs[0] != -hs[1] ? 1 : 0; // some rank's result differs
+        allreduce(c, std::span<std::int64_t>(&wrong, 1), op::sum{});
+        auto wire = static_cast<std::int64_t>(st.last.wire_bytes);
+        allreduce(c, std::span<std::int64_t>(&wire, 1), op::max{});
+        total_wrong += wrong;
+        const double algbw = static_cast<double>(s.bytes) / sec / 1e9;
+        row w{cfg.name, cfg.transport, p, "z:" + spec.text + (automatic ? ":auto" : ""),
+              std::string(dtype_name(cfg.dt)), std::string(Op::name), s.bytes, s.count, sec * 1e6, algbw,
+              algbw * bus_factor(coll::allreduce, p), cfg.check ? wrong : -1,
+              st.last.predicted_compressed > 0 ? std::optional<double>(
+                                                     (st.last.path == compressed_path::dense ? st.last.predicted_dense
+                                                                                             : st.last.predicted_compressed) * 1e6)
+                                               : std::nullopt,
+              std::string(compressed_path_name(st.last.path)), {}, {}};
+        w.text_fields = {{"codec", spec.text}, {"mode", automatic ? "automatic" : "always"},
+                         {"path", std::string(compressed_path_name(st.last.path))}};
+        w.number_fields = {{"wire_bytes", static_cast<double>(wire)},
+                           {"wire_ratio", static_cast<double>(wire) / (2.0 * (p - 1) / p * static_cast<double>(s.bytes))},
+                           {"rel_l2", den > 0 ? std::sqrt(num / den) : std::sqrt(num)},
+                           {"predicted_dense_us", st.last.predicted_dense * 1e6},
+                           {"predicted_compressed_us", st.last.predicted_compressed * 1e6}};
+        rep.add(w);
+        if (rep.active()) {
+          char model[128] = "";
+          if (st.last.predicted_dense > 0)
+            std::snprintf(model, sizeof model, " (model: dense %.1f us, compressed %.1f us)",
+                          st.last.predicted_dense * 1e6, st.last.predicted_compressed * 1e6);
+          char b[384];
+          std::snprintf(b, sizeof b, "%s%s %s: %s, wire %.3g MB/rank (%.3f of dense), rel L2 %.2g%s",
+                        spec.text.c_str(), automatic ? ":auto" : "", human_bytes(s.bytes).c_str(),
+                        std::string(compressed_path_name(st.last.path)).c_str(), static_cast<double>(wire) / 1e6,
+                        w.number_fields[1].second, w.number_fields[2].second, model);
+          rep.note(b);
+        }
+      }
+    return total_wrong;
+  }
+}
+
 template <transport C, element T, reduce_op Op>
 std::int64_t sweep_op(C& c, const config& cfg, const selector& sel, report& rep) {
   const int p = c.size(), r = c.rank();
@@ -317,8 +400,9 @@ std::int64_t sweep_op(C& c, const config& cfg, const selector& sel, report& rep)
       }
       const double algbw = static_cast<double>(s.bytes) / sec / 1e9;
       rep.add(row{cfg.name, cfg.transport, p, a.name, std::string(dtype_name(cfg.dt)), op_label, s.bytes,
-                  s.count, sec * 1e6, algbw, algbw * bus_factor(cfg.kind, p), wrong, pred.micros, pred.picked});
+                  s.count, sec * 1e6, algbw, algbw * bus_factor(cfg.kind, p), wrong, pred.micros, pred.picked, {}, {}});
     }
+    if (!cfg.codecs.empty()) total_wrong += compressed_rows<C, T, Op>(c, cfg, sel, rep, s, out, plan);
   }
   return total_wrong;
 }

@@ -205,6 +205,8 @@ void report::add(const row& r) {
     j["model_us"] = r.model_us ? nlohmann::json(*r.model_us) : nlohmann::json(nullptr);
     j["picked"] = r.picked.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.picked);
     for (const auto& [k, v] : attributes_) j[k] = v;
+    for (const auto& [k, v] : r.text_fields) j[k] = v;
+    for (const auto& [k, v] : r.number_fields) j[k] = v;
     if (!calibration_.empty()) {
       nlohmann::json cal = nlohmann::json::object();
       for (const auto& [k, v] : calibration_) cal[k] = v;

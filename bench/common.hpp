@@ -98,6 +98,9 @@ struct row {
   long long wrong = -1; ///< -1: not checked
   std::optional<double> model_us; ///< the calibrated model's prediction for what ran (none: native, no formula)
   std::string picked;             ///< the schedule that ran (empty: native, limit)
+  /// Extra JSON fields of special rows (compressed allreduce: codec, wire bytes, decision).
+  std::vector<std::pair<std::string, std::string>> text_fields;
+  std::vector<std::pair<std::string, double>> number_fields;
 };
 
 /// Named model parameters (the calibration), in the order they are given.
