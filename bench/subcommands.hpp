@@ -13,7 +13,8 @@
   X("allgather", collective_main, "allgather: every rank gets every block (busbw (n-1)/n)")        \
   X("broadcast", collective_main, "broadcast from rank 0 (busbw 1)")                               \
   X("reduce", collective_main, "reduce to rank 0 (busbw 1)")                                      \
-  X("compress", compress_main, "gradient codecs: encode/decode GB/s, ratio, error vs memcpy")
+  X("compress", compress_main, "gradient codecs: encode/decode GB/s, ratio, error vs memcpy")      \
+  X("fusion", fusion_main, "tensor fusion: many tensors fused (engine, grouped) vs one allreduce each")
 
 namespace gradsync::bench {
 #define GRADSYNC_BENCH_DECLARE(name, fn, summary) int fn(std::string_view, int, char**);

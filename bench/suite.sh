@@ -4,7 +4,9 @@
 # prediction and -a auto (8 in-process ranks, and, when MPI is present,
 # `mpiexec -n 2` over the mpi and shm transports with MPI's own collective);
 # over shm also on shared buffers (alloc_shared); gradsync vs MPI's other
-# collectives; the codecs; last, bench/auto_check.py's tables (per size, auto
+# collectives; compressed allreduce (shm, and over a 1 Gbit/s link between
+# network namespaces when run as root: bench/netrig.sh); tensor fusion; the
+# codecs; last, bench/auto_check.py's tables (per size, auto
 # against the best fixed algorithm) and bench/versus.py's (ring and shm
 # against MPI's own allreduce, busbw against the memcpy limit).
 # Usage: bench/suite.sh [BUILD_DIR]   (tables on stdout; JSON lines in BUILD_DIR/bench-results)
@@ -40,6 +42,30 @@ if command -v mpiexec >/dev/null && "$bench" allreduce --help 2>/dev/null | grep
   for c in reduce_scatter allgather broadcast; do
     run mpiexec -n 2 "$bench" "$c" -t mpi -a auto,native -b 8 -e 64M -f 16 -c 1 --json "$out/mpi-$c.json"
   done
+fi
+
+# Compressed allreduce beside the dense one, and where `automatic` decides:
+# over shared memory (where compression does not pay) ...
+zs=(-z int8 -z topk:density=0.01 -z approx_topk:density=0.01)
+if command -v mpiexec >/dev/null && "$bench" allreduce --help 2>/dev/null | grep -q mpi; then
+  run mpiexec -n 2 "$bench" allreduce -t shm -o avg -a auto "${zs[@]}" -b 1M -e 64M -f 8 -n 5 -w 1 \
+    --json "$out/shm-compressed.json"
+  # ... and across a 1 Gbit/s link between two network namespaces (root only).
+  if [ "$(id -u)" = 0 ] && "$(dirname "$0")/netrig.sh" --check >/dev/null 2>&1; then
+    run "$(dirname "$0")/netrig.sh" -- "$bench" allreduce -t mpi -o avg -a auto,native "${zs[@]}" \
+      -b 64M -e 64M -n 3 -w 1 --json "$out/rig-compressed.json"
+  else
+    echo; echo "# netrig: skipped (needs root, ip netns and tc)"
+  fi
+else
+  run "$bench" allreduce -t inproc --ranks 2 -o avg -a auto "${zs[@]}" -b 1M -e 64M -f 8 -n 5 -w 1 \
+    --json "$out/inproc-compressed.json"
+fi
+# Tensor fusion: 1024 x 4 KiB and ResNet-50's gradients, fused against one call each.
+run "$bench" fusion -t inproc --ranks 2 --json "$out/inproc-fusion.json"
+if command -v mpiexec >/dev/null && "$bench" allreduce --help 2>/dev/null | grep -q mpi; then
+  run mpiexec -n 2 "$bench" fusion -t shm --json "$out/shm-fusion.json"
+  run mpiexec -n 2 "$bench" fusion -t mpi --json "$out/mpi-fusion.json"
 fi
 
 run "$bench" compress -z fp16 -z bf16 -z int8 -z int4 -z sign -z qsgd -z terngrad \

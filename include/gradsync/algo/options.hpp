@@ -82,13 +82,9 @@ struct options {
 
   /// The pipeline segment in bytes this call uses (segment_bytes, or the
   /// policy default when that is 0).
-  std::size_t segment() const noexcept {
-    return segment_bytes ? segment_bytes : policy::ring_segment_bytes;
-  }
+  /// (0: the selector's segment_bytes(), or policy::ring_segment_bytes
+  /// without one; defined in select.hpp).
+  std::size_t segment() const noexcept;
 };
-
-namespace detail {
-inline std::size_t segment_bytes(const options& o) { return o.segment(); }
-} // namespace detail
 
 } // namespace gradsync

@@ -312,6 +312,15 @@ public:
   const cost_model& model() const noexcept { return model_; }
   const std::vector<size_rule>& table() const noexcept { return table_; }
 
+  /// Pipeline segment of the schedules under this model: large where a link
+  /// is slow (beta above policy::slow_link_beta: a network, not memory),
+  /// where each message's handshake waits behind the queued bytes of the
+  /// others (core/policy.hpp has the measurement), else the policy default.
+  std::size_t segment_bytes() const noexcept {
+    const double beta = std::max(model_.local.beta, model_.global.beta);
+    return beta > policy::slow_link_beta ? policy::slow_link_segment_bytes : policy::ring_segment_bytes;
+  }
+
   /// The table's entry for `bytes`, or automatic when none covers it.
   algorithm pinned(std::size_t bytes) const {
     for (const auto& r : table_)
@@ -385,5 +394,10 @@ private:
   cost_model model_;
   std::vector<size_rule> table_;
 };
+
+inline std::size_t options::segment() const noexcept {
+  if (segment_bytes) return segment_bytes;
+  return select ? select->segment_bytes() : policy::ring_segment_bytes;
+}
 
 } // namespace gradsync

@@ -14,6 +14,16 @@ namespace gradsync::policy {
 /// set of a step inside L2 while amortising per-message overhead.
 inline constexpr std::size_t ring_segment_bytes = std::size_t{256} << 10;
 
+/// Segment on slow links: a calibrated beta above slow_link_beta (slower
+/// than 1 GB/s: a network) makes the selector's schedules use segments of
+/// slow_link_segment_bytes. Measured on bench/netrig.sh (1 Gbit/s, MPICH
+/// over TCP, 2 ranks), 64 MiB f32 ring allreduce: 256 KiB segments 849 ms,
+/// 1 MiB 914 ms, 4 MiB 574 ms, 16 MiB 573 ms (MPI_Allreduce 588 ms, the
+/// link's floor ~560 ms): under a saturated link each message's rendezvous
+/// waits behind queued bytes, ~1 ms per segment.
+inline constexpr double slow_link_beta = 1e-9;
+inline constexpr std::size_t slow_link_segment_bytes = std::size_t{4} << 20;
+
 /// Receive segments kept in flight per pipelined schedule (staging slots).
 inline constexpr int pipeline_depth = 4;
 
