@@ -85,7 +85,8 @@ template <transport C> std::int64_t run_rank(C& c, const config& cfg) {
            "  dtype " + std::string(dtype_name(cfg.dt)) + "  op " +
            (reduces(cfg.kind) ? std::string(op_name(cfg.op)) : std::string("none")) + "  algos " + cfg.algo_list +
            "  check " + (cfg.check ? "on" : "off") + "  segment " +
-           human_bytes(cfg.segment_bytes ? cfg.segment_bytes : policy::ring_segment_bytes));
+           human_bytes(cfg.segment_bytes ? cfg.segment_bytes : policy::ring_segment_bytes) + "  verify " +
+           (cfg.verify == verification::always ? "always" : cfg.verify == verification::never ? "never" : "auto"));
   rep.note("sizes " + human_bytes(sz.front()) + " .. " + human_bytes(sz.back()) + "  iterations " +
            (cfg.iters > 0 ? std::to_string(cfg.iters)
                           : "auto (" + std::to_string(default_max_iters) + ", fewer above " +
@@ -165,6 +166,12 @@ int collective_main(std::string_view name, int argc, char** argv) {
                  "(0: the transport's nodes)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  std::string verify = "auto";
+  app.add_option("--verify", verify,
+                 "call agreement check before every call (options::verify): auto (payloads >= "
+                 "policy::verify_min_bytes, all under GRADSYNC_DEBUG=1), always, never")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "always", "never"}));
   app.add_flag("--shared-buffers", cfg.shared,
                "-t shm: inputs and outputs in memory every rank maps (communicator::alloc_shared), which "
                "shm_direct reads and writes in place");
@@ -195,6 +202,7 @@ int collective_main(std::string_view name, int argc, char** argv) {
   cfg.warmup = sw.warmup;
   cfg.json = sw.json;
   cfg.segment_bytes = parse_bytes(segment, "--segment");
+  cfg.verify = verify == "always" ? verification::always : verify == "never" ? verification::never : verification::automatic;
   if (cfg.inject && !cfg.check) throw std::invalid_argument("--inject-error needs -c 1");
   for (const auto& z : codecs) {
     cfg.codecs.push_back(compress::parse_spec(z));

@@ -47,6 +47,7 @@ struct config {
   bool check = true;
   bool inject = false; ///< corrupt one element on rank 0 per row (tests the checker)
   bool shared = false; ///< buffers from the communicator's alloc_shared (shm)
+  verification verify = verification::automatic; ///< options::verify of every call (--verify)
   std::string json;
   /// -z: codecs of compressed allreduce rows (two rows per codec and size:
   /// always compressed, and compress_mode::automatic with its decision).

@@ -293,7 +293,8 @@ std::int64_t compressed_rows(C& c, const config& cfg, const selector& sel, repor
     for (const auto& spec : cfg.codecs)
       for (const bool automatic : {false, true}) {
         const compression z{.codec = spec, .mode = automatic ? compress_mode::automatic : compress_mode::always};
-        const options o{.segment_bytes = cfg.segment_bytes, .select = &sel, .group_size = cfg.group_size};
+        const options o{
+            .segment_bytes = cfg.segment_bytes, .select = &sel, .group_size = cfg.group_size, .verify = cfg.verify};
         compress_state<T> st;
         const auto fill = [&] {
           for (std::size_t i = 0; i < s.in_n; ++i) buf[i] = gradient_value(r, i);
@@ -393,7 +394,8 @@ std::int64_t sweep_op(C& c, const config& cfg, const selector& sel, report& rep)
                      .segment_bytes = cfg.segment_bytes,
                      .workspace = workspace,
                      .select = &sel,
-                     .group_size = cfg.group_size};
+                     .group_size = cfg.group_size,
+                     .verify = cfg.verify};
     };
     std::size_t ws_bytes = 0; // one workspace per size, fitting every algorithm
     for (const auto& a : cfg.algos)

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <span>
@@ -167,9 +168,10 @@ public:
     case mode::grouped:
       if (cfg_.z)
         fusion::grouped_compressed_allreduce(c_, std::span<const std::span<float>>(t.spans), *cfg_.z, std::span(st),
-                                             op::avg{}, coll_, cfg_.eo.bucket_bytes);
+                                             op::avg{}, coll_, cfg_.eo.bucket_bytes, cfg_.eo.solo_bytes);
       else
-        fusion::grouped_allreduce(c_, std::span<const std::span<float>>(t.spans), op::avg{}, coll_, cfg_.eo.bucket_bytes);
+        fusion::grouped_allreduce(c_, std::span<const std::span<float>>(t.spans), op::avg{}, coll_, cfg_.eo.bucket_bytes,
+                                  cfg_.eo.solo_bytes);
       return grouped_buckets_;
     case mode::engine: break;
     }
@@ -232,7 +234,9 @@ private:
   std::size_t grouped_plan(const workload& w) const {
     std::vector<fusion::tensor_desc> d;
     for (const std::size_t n : w.counts) d.push_back({.dt = dtype::f32, .count = n});
-    return fusion::plan(d, {.bucket_bytes = cfg_.eo.bucket_bytes, .first_bucket_bytes = cfg_.eo.bucket_bytes, .first = false})
+    return fusion::plan(d, {.bucket_bytes = cfg_.eo.bucket_bytes, .first_bucket_bytes = cfg_.eo.bucket_bytes,
+                            .first = false,
+                            .solo_bytes = cfg_.eo.solo_bytes ? *cfg_.eo.solo_bytes : fusion::solo_bytes_of(c_, coll_)})
         .size();
   }
 
@@ -253,6 +257,10 @@ template <transport C> long long run_rank(C& c, const config& cfg) {
   const bool lead = c.rank() == 0;
   const selector sel = calibrate(c);
   runner<C> run(c, cfg, sel);
+  options model_o;
+  model_o.algo = cfg.algo;
+  model_o.select = &sel;
+  const std::size_t solo = cfg.eo.solo_bytes ? *cfg.eo.solo_bytes : fusion::solo_bytes_of(c, model_o);
   std::FILE* json = nullptr;
   if (lead && !cfg.json.empty()) {
     json = std::fopen(cfg.json.c_str(), "w");
@@ -262,10 +270,13 @@ template <transport C> long long run_rank(C& c, const config& cfg) {
     std::printf("# gradsync-bench fusion  transport %s  ranks %d  f32 avg  algo %s  compression %s\n",
                 cfg.transport.c_str(), c.size(), std::string(algorithm_name(cfg.algo)).c_str(),
                 cfg.z ? cfg.z->codec.text.c_str() : "none");
-    std::printf("# engine: bucket %s, first bucket %s, cycle %lld us, look-ahead %zu; grouped: bucket %s\n",
+    const std::string solo_text = solo == std::numeric_limits<std::size_t>::max()
+                                      ? "every size fused"
+                                      : "tensors >= " + human_bytes(solo) + " unfused";
+    std::printf("# engine: bucket %s, first bucket %s, cycle %lld us, look-ahead %zu; grouped: bucket %s; %s%s\n",
                 human_bytes(cfg.eo.bucket_bytes).c_str(), human_bytes(cfg.eo.first_bucket_bytes).c_str(),
                 static_cast<long long>(cfg.eo.cycle_time.count()), cfg.eo.lookahead,
-                human_bytes(cfg.eo.bucket_bytes).c_str());
+                human_bytes(cfg.eo.bucket_bytes).c_str(), solo_text.c_str(), cfg.eo.solo_bytes ? "" : " (cost model)");
     std::printf("# time = slowest rank's mean per step; algbw = bytes per step / time; speedup vs per-tensor\n");
     std::printf("%-10s %-11s %8s %12s %9s %12s %9s %8s %7s\n", "workload", "mode", "tensors", "bytes", "buckets",
                 "time_us", "algbw", "speedup", "wrong");
@@ -303,7 +314,8 @@ template <transport C> long long run_rank(C& c, const config& cfg) {
                                   {"bucket_bytes", cfg.eo.bucket_bytes},
                                   {"first_bucket_bytes", cfg.eo.first_bucket_bytes},
                                   {"cycle_us", cfg.eo.cycle_time.count()},
-                                  {"lookahead", cfg.eo.lookahead}};
+                                  {"lookahead", cfg.eo.lookahead},
+                                  {"solo_bytes", solo}};
         std::fprintf(json, "%s\n", j.dump().c_str());
       }
     }
@@ -338,6 +350,9 @@ int fusion_main(std::string_view, int argc, char** argv) {
   app.add_option("--first-bucket", first, "the engine's first bucket of a step, bytes")->capture_default_str();
   app.add_option("--cycle-us", cycle_us, "the engine's cycle time in microseconds")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--lookahead", cfg.eo.lookahead, "the planner's look-ahead")->capture_default_str();
+  std::string solo;
+  app.add_option("--solo", solo, "tensors of at least this many bytes are not fused (default: the calibrated cost "
+                                 "model's break-even, fusion::solo_bytes_of)");
   app.add_option("-n,--iters", cfg.iters, "timed steps (0: auto, by bytes per step)")->capture_default_str();
   app.add_option("-w,--warmup", cfg.warmup, "warm-up steps (-1: auto)")->capture_default_str();
   app.add_option("--json", cfg.json, "also write one JSON object per row to this file");
@@ -354,6 +369,7 @@ int fusion_main(std::string_view, int argc, char** argv) {
   cfg.eo.bucket_bytes = parse_bytes(bucket, "--bucket");
   cfg.eo.first_bucket_bytes = parse_bytes(first, "--first-bucket");
   cfg.eo.cycle_time = std::chrono::microseconds(cycle_us);
+  if (!solo.empty()) cfg.eo.solo_bytes = parse_bytes(solo, "--solo");
   if (!parse_algorithm(algo, cfg.algo)) throw std::invalid_argument("-a: unknown algorithm '" + algo + "'");
   cfg.workloads.clear();
   for (std::size_t at = 0; at <= workloads.size();) {

@@ -22,6 +22,7 @@
 
 #include "collectives.hpp"
 #include "core/error.hpp"
+#include "core/hash.hpp"
 #include "core/ops.hpp"
 #include "core/policy.hpp"
 #include "core/reduce.hpp"
@@ -134,10 +135,8 @@ template <transport C> direct_times time_direct(C& c) {
   }
 }
 
-inline std::int64_t fnv1a(std::string_view s) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (char ch : s) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
-  return static_cast<std::int64_t>(h >> 2); // non-negative, so -h cannot overflow
+inline std::int64_t env_hash(std::string_view s) {
+  return static_cast<std::int64_t>(fnv1a(fnv_basis, s) >> 2); // non-negative, so -h cannot overflow
 }
 
 } // namespace detail
@@ -186,7 +185,7 @@ template <transport C> selector calibrate(C& c, int group_size = 0, const option
   const link_cost global = detail::measure_step(c, member((k + 1) % ng, i), member((k + ng - 1) % ng, i), o.tag);
   const detail::direct_times direct = detail::time_direct(c);
   const detail::kernel_costs kernels = detail::measure_kernels();
-  const double h = static_cast<double>(detail::fnv1a(spec));
+  const double h = static_cast<double>(detail::env_hash(spec));
   // max over ranks of: step times (the slowest rank's), gamma, the table's
   // hash and its negation (equal everywhere iff max(h) == -max(-h)), error
   // flag, memcpy cost, the direct allreduce's times.

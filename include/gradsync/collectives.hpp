@@ -3,11 +3,15 @@
 // runs it over any transport.
 #pragma once
 
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 
 #include "algo/chain.hpp"
@@ -19,6 +23,7 @@
 #include "algo/select.hpp"
 #include "algo/shm_direct.hpp"
 #include "algo/tree.hpp"
+#include "algo/verify.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "core/ops.hpp"
@@ -65,10 +70,83 @@ inline std::size_t mul_checked(std::size_t a, std::size_t b, const char* op, int
               "algorithm '" + std::string(algorithm_name(a)) + "' is not available for " + op);
 }
 
-// The selector `automatic` consults: the caller's, else `fallback` (defaults).
+// The selector `automatic` consults: the caller's, else the policy.hpp
+// model with GRADSYNC_ALGO's table, read at the first call that needs it (a
+// malformed value fails that call and every later one, never silently).
 inline const selector& selector_of(const options& o) {
-  static const selector defaults; // immutable: the policy.hpp model, no table
-  return o.select ? *o.select : defaults;
+  if (o.select) return *o.select;
+  static const selector defaults = selector::from_env(); // immutable once made
+  return defaults;
+}
+
+inline void check_tag(int tag, const char* op, int rank) {
+  GRADSYNC_REQUIRE(tag >= 0 && tag <= policy::max_tag, op, rank,
+                   "tag " + std::to_string(tag) + " out of range [0, " + std::to_string(policy::max_tag) +
+                       "] (a call uses tags [tag, tag + " + std::to_string(policy::tag_span) + "))");
+}
+
+// Whether GRADSYNC_DEBUG asks for every call to be verified (read once).
+inline bool debug_checks() {
+  static const bool on = [] {
+    const char* v = std::getenv("GRADSYNC_DEBUG");
+    return v != nullptr && *v != '\0' && std::string_view(v) != "0";
+  }();
+  return on;
+}
+
+// Whether a call of `bytes` payload checks its fingerprint first.
+inline bool verifies(const options& o, std::size_t bytes) {
+  switch (o.verify) {
+  case verification::always: return true;
+  case verification::never: return false;
+  case verification::automatic: break;
+  }
+  return bytes >= policy::verify_min_bytes || debug_checks();
+}
+
+// Runs the data-moving part of collective `name` (arguments validated, the
+// schedule chosen, into `f`): fails fast on a communicator that failed
+// before; numbers the call; checks the fingerprint where verifies() says;
+// runs `body`. Any failure marks the communicator failed (the call may have
+// left unmatched messages) and is raised as an error of `name` that keeps
+// the kind and peer of the cause and adds the call and the elapsed time.
+template <transport C, class F>
+void run_call(C& c, const char* name, call_fingerprint f, std::size_t bytes, const options& o, F&& body) {
+  const int r = c.rank();
+  if constexpr (recorded<C>) {
+    if (c.calls().failed())
+      throw error(errc::aborted, name, r, -1,
+                  "the communicator failed in an earlier call and must be rebuilt (" + c.calls().failure() + ")");
+    f.seq = c.calls().next(o.tag);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    if (verifies(o, bytes)) algo::verify::agree(c, f, o.tag + policy::verify_tag_offset, name);
+    body();
+  } catch (const error& e) {
+    if constexpr (recorded<C>) c.calls().fail(e.what());
+    if (e.op() == name) throw;
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+    throw error(e.kind(), name, r, e.peer(),
+                e.op() + ": " + e.reason() + " [in " + algo::verify::describe(f) + ", after " +
+                    std::to_string(ms.count()) + " ms]");
+  } catch (...) {
+    if constexpr (recorded<C>) c.calls().fail(std::string(name) + ": an exception that is not a gradsync::error");
+    throw;
+  }
+}
+
+// The fingerprint of a reduction over T with Op.
+template <class T, class Op>
+call_fingerprint fingerprint_of(call_kind k, std::size_t count, algorithm a, int root = -1) {
+  call_fingerprint f;
+  f.kind = k;
+  f.dt = static_cast<std::uint8_t>(dtype_traits<T>::id);
+  if constexpr (!std::is_void_v<Op>) f.op = static_cast<std::uint8_t>(Op::kind);
+  f.algo = a;
+  f.root = root;
+  f.count = count;
+  return f;
 }
 
 // Groups of a hierarchical allreduce; hier needs a group size or node_of.
@@ -83,7 +161,9 @@ template <transport C> rank_groups hier_groups(const C& c, const options& o) {
 template <transport C> int grid_row_of(const C& c, const options& o) {
   GRADSYNC_REQUIRE(o.group_size >= 0, "allreduce", c.rank(),
           "group_size " + std::to_string(o.group_size) + " is negative");
-  return o.group_size > 0 ? o.group_size : grid_row(c.size());
+  // A row longer than the communicator is one row of every rank (as
+  // topology_of models it): the scratch size and the schedule must agree.
+  return o.group_size > 0 ? std::min(o.group_size, c.size()) : grid_row(c.size());
 }
 
 } // namespace detail
@@ -200,29 +280,34 @@ void allreduce(C& c, E& ex, std::type_identity_t<std::span<const T>> in, std::sp
           "output holds " + std::to_string(out.size()) + " elements, input " +
               std::to_string(in.size()));
   detail::check_alias(in, out, name, r);
+  detail::check_tag(o.tag, name, r);
   const std::size_t count = in.size();
   const algorithm a = allreduce_algorithm<T, C, E>(c, count, o);
   const std::size_t seg = o.segment();
-  if (a == algorithm::direct) {
-    if constexpr (detail::arena_for<C, E>)
-      return algo::shm_direct::allreduce(c, in.data(), out.data(), count, op);
+  if (a == algorithm::direct && !detail::arena_for<C, E>) detail::unsupported(name, r, a);
+  if (a != algorithm::direct && a != algorithm::hier && a != algorithm::twod && !algo::is_flat(a))
     detail::unsupported(name, r, a);
-  }
-  if (a != algorithm::hier && a != algorithm::twod && !algo::is_flat(a)) detail::unsupported(name, r, a);
-  auto ws = ex.template scratch<T>(o.workspace, detail::allreduce_scratch_bytes<T>(a, c, count, o) / sizeof(T),
-                                   name, r);
-  switch (a) {
-  case algorithm::hier:
-    algo::hierarchical::allreduce(c, ex, in.data(), out.data(), count, op, detail::hier_groups(c, o), o.inner,
-                                  detail::selector_of(o), seg, o.tag, ws.data());
-    return;
-  case algorithm::twod:
-    algo::hierarchical::allreduce_2d(c, ex, in.data(), out.data(), count, op, detail::grid_row_of(c, o), seg,
-                                     o.tag, ws.data());
-    return;
-  default:
-    algo::flat_allreduce(a, c, ex, in.data(), out.data(), count, op, seg, o.tag, ws.data(), name);
-  }
+  const rank_groups groups = a == algorithm::hier ? detail::hier_groups(c, o) : rank_groups{};
+  auto ws = ex.template scratch<T>(
+      o.workspace, a == algorithm::direct ? 0 : detail::allreduce_scratch_bytes<T>(a, c, count, o) / sizeof(T), name, r);
+  detail::run_call(c, name, detail::fingerprint_of<T, Op>(call_kind::allreduce, count, a), count * sizeof(T), o, [&] {
+    if (a == algorithm::direct) {
+      if constexpr (detail::arena_for<C, E>) algo::shm_direct::allreduce(c, in.data(), out.data(), count, op);
+      return;
+    }
+    switch (a) {
+    case algorithm::hier:
+      algo::hierarchical::allreduce(c, ex, in.data(), out.data(), count, op, groups, o.inner, detail::selector_of(o),
+                                    seg, o.tag, ws.data());
+      return;
+    case algorithm::twod:
+      algo::hierarchical::allreduce_2d(c, ex, in.data(), out.data(), count, op, detail::grid_row_of(c, o), seg,
+                                       o.tag, ws.data());
+      return;
+    default:
+      algo::flat_allreduce(a, c, ex, in.data(), out.data(), count, op, seg, o.tag, ws.data(), name);
+    }
+  });
 }
 
 /// Allreduce on the host executor (see above).
@@ -274,21 +359,19 @@ void reduce_scatter(C& c, E& ex, std::type_identity_t<std::span<const T>> in, st
     const T* blk = in.data() + n * static_cast<std::size_t>(r);
     if (own != blk) detail::check_alias(in, out, name, r);
   }
-  switch (const algorithm a = reduce_scatter_algorithm<T, C, E>(c, n, o)) {
-  case algorithm::direct:
-    if constexpr (detail::arena_for<C, E>) return algo::shm_direct::reduce_scatter(c, in.data(), own, n, op);
-    detail::unsupported(name, r, a);
-  case algorithm::ring: {
-    auto ws = ex.template scratch<T>(o.workspace, reduce_scatter_workspace_bytes<T, C, E>(c, n, o) / sizeof(T),
-                                     name, r);
+  detail::check_tag(o.tag, name, r);
+  const algorithm a = reduce_scatter_algorithm<T, C, E>(c, n, o);
+  if (a != algorithm::ring && (a != algorithm::direct || !detail::arena_for<C, E>)) detail::unsupported(name, r, a);
+  auto ws = ex.template scratch<T>(o.workspace, reduce_scatter_workspace_bytes<T, C, E>(c, n, o) / sizeof(T), name, r);
+  detail::run_call(c, name, detail::fingerprint_of<T, Op>(call_kind::reduce_scatter, n, a), in.size_bytes(), o, [&] {
+    if (a == algorithm::direct) {
+      if constexpr (detail::arena_for<C, E>) algo::shm_direct::reduce_scatter(c, in.data(), own, n, op);
+      return;
+    }
     const algo::typed_reduce<T, Op, E> sop{ex, op, c.size()};
     algo::ring::reduce_scatter(c, sop, in.data(), own, partition{n * p, p}, o.segment(), o.tag,
                                reinterpret_cast<std::byte*>(ws.data()));
-    return;
-  }
-  default:
-    detail::unsupported(name, r, a);
-  }
+  });
 }
 
 /// Reduce-scatter on the host executor (see above).
@@ -316,19 +399,18 @@ void allgather(C& c, E& ex, std::type_identity_t<std::span<const T>> in, std::sp
               std::to_string(p) + " x " + std::to_string(n));
   T* own = out.data() + n * static_cast<std::size_t>(r);
   if (n != 0 && own != in.data()) detail::check_alias(in, out, name, r);
-  switch (const algorithm a = allgather_algorithm<T, C, E>(c, n, o)) {
-  case algorithm::direct:
-    if constexpr (detail::arena_for<C, E>) return algo::shm_direct::allgather(c, in.data(), out.data(), n);
-    detail::unsupported(name, r, a);
-  case algorithm::ring: {
+  detail::check_tag(o.tag, name, r);
+  const algorithm a = allgather_algorithm<T, C, E>(c, n, o);
+  if (a != algorithm::ring && (a != algorithm::direct || !detail::arena_for<C, E>)) detail::unsupported(name, r, a);
+  detail::run_call(c, name, detail::fingerprint_of<T, void>(call_kind::allgather, n, a), out.size_bytes(), o, [&] {
+    if (a == algorithm::direct) {
+      if constexpr (detail::arena_for<C, E>) algo::shm_direct::allgather(c, in.data(), out.data(), n);
+      return;
+    }
     ex.copy(own, in.data(), n);
     const algo::typed_reduce<T, op::sum, E> sop{ex, op::sum{}, c.size()}; // copies only
     algo::ring::allgather(c, sop, out.data(), partition{n * p, p}, o.segment(), o.tag, nullptr);
-    return;
-  }
-  default:
-    detail::unsupported(name, r, a);
-  }
+  });
 }
 
 /// Allgather on the host executor (see above).
@@ -347,16 +429,16 @@ void broadcast(C& c, E& ex, std::span<T> data, int root, const options& o = {}) 
   const scoped_timeout guard(c, o.timeout); // options::timeout for this call only
   detail::check_span(data, name, r, "buffer");
   detail::check_root(root, c.size(), name, r);
-  switch (const algorithm a = broadcast_algorithm<T>(c, data.size(), o)) {
-  case algorithm::ring:
-    algo::chain::broadcast(c, ex, data.data(), data.size(), root, o.segment(), o.tag);
-    return;
-  case algorithm::tree:
-    algo::tree::broadcast(c, ex, data.data(), data.size(), root, o.segment(), o.tag);
-    return;
-  default:
-    detail::unsupported(name, r, a);
-  }
+  detail::check_tag(o.tag, name, r);
+  const algorithm a = broadcast_algorithm<T>(c, data.size(), o);
+  if (a != algorithm::ring && a != algorithm::tree) detail::unsupported(name, r, a);
+  detail::run_call(c, name, detail::fingerprint_of<T, void>(call_kind::broadcast, data.size(), a, root),
+                   data.size_bytes(), o, [&] {
+                     if (a == algorithm::tree)
+                       algo::tree::broadcast(c, ex, data.data(), data.size(), root, o.segment(), o.tag);
+                     else
+                       algo::chain::broadcast(c, ex, data.data(), data.size(), root, o.segment(), o.tag);
+                   });
 }
 
 /// Broadcast on the host executor (see above).
@@ -392,13 +474,19 @@ void reduce(C& c, E& ex, std::type_identity_t<std::span<const T>> in, std::span<
                 std::to_string(in.size()));
     detail::check_alias(in, out, name, r);
   }
+  detail::check_tag(o.tag, name, r);
   const algorithm a = reduce_algorithm<T>(c, in.size(), o);
   if (a != algorithm::ring && a != algorithm::tree) detail::unsupported(name, r, a);
   auto ws = ex.template scratch<T>(o.workspace, reduce_workspace_bytes<T>(c, in.size(), o) / sizeof(T), name, r);
-  if (a == algorithm::tree)
-    algo::tree::reduce(c, ex, in.data(), out.data(), in.size(), root, op, o.segment(), o.tag, ws.data());
-  else
-    algo::chain::reduce(c, ex, in.data(), out.data(), in.size(), root, op, o.segment(), o.tag, ws.data());
+  detail::run_call(c, name, detail::fingerprint_of<T, Op>(call_kind::reduce, in.size(), a, root), in.size_bytes(), o,
+                   [&] {
+                     if (a == algorithm::tree)
+                       algo::tree::reduce(c, ex, in.data(), out.data(), in.size(), root, op, o.segment(), o.tag,
+                                          ws.data());
+                     else
+                       algo::chain::reduce(c, ex, in.data(), out.data(), in.size(), root, op, o.segment(), o.tag,
+                                           ws.data());
+                   });
 }
 
 /// Reduce on the host executor (see above).
@@ -412,7 +500,10 @@ void reduce(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> out,
 /// Returns on each rank only after every rank has entered the barrier.
 template <transport C> void barrier(C& c, const options& o = {}) {
   const scoped_timeout guard(c, o.timeout);
-  algo::dissemination::barrier(c, o.tag);
+  detail::check_tag(o.tag, "barrier", c.rank());
+  call_fingerprint f;
+  f.kind = call_kind::barrier;
+  detail::run_call(c, "barrier", f, 0, o, [&] { algo::dissemination::barrier(c, o.tag); });
 }
 
 } // namespace gradsync

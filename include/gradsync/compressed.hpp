@@ -45,6 +45,7 @@
 #include "calibrate.hpp"
 #include "collectives.hpp"
 #include "compress/spec.hpp"
+#include "core/hash.hpp"
 #include "core/policy.hpp"
 
 namespace gradsync {
@@ -101,6 +102,24 @@ struct compression {
   std::size_t segment_bytes = 0;
   std::size_t segment() const { return segment_bytes ? segment_bytes : policy::compressed_segment_bytes; }
 };
+
+namespace detail {
+// Hash of everything in a compression that ranks must agree on (equal
+// compressions, equal hashes; never 0, which fingerprints read as none).
+inline std::uint64_t compression_hash(const compression& z) {
+  std::uint64_t h = fnv1a(fnv_basis, z.codec.name);
+  for (const auto& [k, v] : z.codec.params) {
+    h = fnv1a(fnv1a(h, k), '=');
+    h = fnv1a(fnv1a(h, v), ',');
+  }
+  h = fnv1a(h, z.mode);
+  h = fnv1a(h, z.error_feedback);
+  h = fnv1a(h, z.algo);
+  h = fnv1a(h, z.seed);
+  h = fnv1a(h, z.segment());
+  return h ? h : 1;
+}
+} // namespace detail
 
 /// What the last call did (for benches and logs).
 struct compressed_report {
@@ -252,138 +271,144 @@ void compressed_allreduce(C& c, std::span<T> data, const compression& z, compres
   const compress::codec_family family = z.codec.family();
   GRADSYNC_REQUIRE(family != compress::codec_family::sparse || n < compress::sparse::max_count, name, r,
                    std::to_string(n) + " elements: sparse payloads index at most 2^32");
-  options dense_o = o;
-  dense_o.workspace = {};
-  const auto dense = [&](auto span) { allreduce(c, span, Op{}, dense_o); };
-  st.last = {};
-  auto& rep = st.last;
-  const std::uint64_t step = st.step++;
+  detail::check_tag(o.tag, name, r);
+  call_fingerprint fp = detail::fingerprint_of<T, Op>(call_kind::compressed_allreduce, n, algorithm::automatic);
+  fp.codec = detail::compression_hash(z);
+  detail::run_call(c, name, fp, n * sizeof(T), o, [&] {
+    options dense_o = o;
+    dense_o.workspace = {};
+    dense_o.verify = verification::never; // this call checked the whole call
+    const auto dense = [&](auto span) { allreduce(c, span, Op{}, dense_o); };
+    st.last = {};
+    auto& rep = st.last;
+    const std::uint64_t step = st.step++;
 
-  // The decision: agreed inputs only (count, z, selector, agreed costs).
-  bool compress = z.mode == compress_mode::always;
-  compressed_path quant = z.algo == compressed_algorithm::two_step ? compressed_path::two_step : compressed_path::ring;
-  if (z.mode != compress_mode::never && p > 1 &&
-      (z.mode == compress_mode::automatic || (family == compress::codec_family::quantizer &&
-                                              z.algo == compressed_algorithm::automatic))) {
-    if (!st.costs) st.costs = measure_codec_costs<T>(c, z.codec);
-    const compressed_prediction pr = predict_compressed<T>(c, n, z, *st.costs, o);
-    double best = 0;
+    // The decision: agreed inputs only (count, z, selector, agreed costs).
+    bool compress = z.mode == compress_mode::always;
+    compressed_path quant = z.algo == compressed_algorithm::two_step ? compressed_path::two_step : compressed_path::ring;
+    if (z.mode != compress_mode::never && p > 1 &&
+        (z.mode == compress_mode::automatic || (family == compress::codec_family::quantizer &&
+                                                z.algo == compressed_algorithm::automatic))) {
+      if (!st.costs) st.costs = measure_codec_costs<T>(c, z.codec);
+      const compressed_prediction pr = predict_compressed<T>(c, n, z, *st.costs, o);
+      double best = 0;
+      switch (family) {
+      case compress::codec_family::quantizer:
+        if (z.algo == compressed_algorithm::automatic) quant = pr.two_step < pr.ring ? compressed_path::two_step : compressed_path::ring;
+        best = quant == compressed_path::two_step ? pr.two_step : pr.ring;
+        break;
+      case compress::codec_family::sparse: best = pr.sparse; break;
+      case compress::codec_family::shared_randk: best = pr.randk; break;
+      case compress::codec_family::low_rank: best = pr.powersgd; break;
+      }
+      rep.predicted_dense = pr.dense;
+      rep.predicted_compressed = best;
+      if (z.mode == compress_mode::automatic) compress = best < pr.dense;
+    }
+    if (!compress || z.mode == compress_mode::never) {
+      compress::with_codec<T>(z.codec, n, [](const auto&, auto) {}); // a bad spec fails here too
+      dense(data);
+      rep.path = compressed_path::dense;
+      rep.wire_bytes = p > 1 ? 2 * (static_cast<std::size_t>(p) - 1) * n / static_cast<std::size_t>(p) * sizeof(T) : 0;
+      return;
+    }
+
+    // Error feedback: fold the residual in; the new residual starts as the
+    // rounding of that sum to T (nothing for float) and takes each encode's error.
+    A* residual = nullptr;
+    if (z.error_feedback) {
+      if (st.residual.size() != n) st.residual.assign(n, A(0));
+      residual = st.residual.data();
+      for (std::size_t i = 0; i < n; ++i) {
+        const A v = widen(data[i]) + residual[i];
+        data[i] = narrow<T>(v);
+        const A e = v - widen(data[i]);
+        residual[i] = std::isfinite(static_cast<double>(e)) ? e : A(0);
+      }
+    }
+    std::size_t sent = 0;
+    detail::counted<C> cc{c, &sent};
+    const std::size_t dense_bytes_per_elem = p > 1 ? 2 * (static_cast<std::size_t>(p) - 1) * sizeof(T) : 0;
+    const auto dense_counted = [&](auto span) {
+      dense(span);
+      sent += dense_bytes_per_elem * span.size() / static_cast<std::size_t>(p);
+    };
     switch (family) {
     case compress::codec_family::quantizer:
-      if (z.algo == compressed_algorithm::automatic) quant = pr.two_step < pr.ring ? compressed_path::two_step : compressed_path::ring;
-      best = quant == compressed_path::two_step ? pr.two_step : pr.ring;
+      compress::with_codec<T>(z.codec, n, [&](const auto& k, auto) {
+        using K = std::remove_cvref_t<decltype(k)>;
+        if constexpr (compress::family_of<K>() == compress::codec_family::quantizer) {
+        const algo::compressed_ring::call<K> x{.seed = z.seed, .step = step, .average = average, .residual = residual,
+                                               .seg_bytes = z.segment(), .tag = o.tag};
+        const bool two = quant == compressed_path::two_step;
+        const std::size_t need = two ? algo::compressed_two_step::workspace_bytes(k, p, n, z.segment(), residual != nullptr)
+                                     : algo::compressed_ring::workspace_bytes(k, p, n, z.segment(), residual);
+        if (st.workspace.size() < need) st.workspace.resize(need);
+        const std::span<std::byte> ws(st.workspace.data(), need);
+        if (two) algo::compressed_two_step::allreduce(cc, k, data.data(), n, x, ws);
+        else algo::compressed_ring::allreduce(cc, k, data.data(), n, x, ws);
+        rep.path = two ? compressed_path::two_step : compressed_path::ring;
+        }
+      });
       break;
-    case compress::codec_family::sparse: best = pr.sparse; break;
-    case compress::codec_family::shared_randk: best = pr.randk; break;
-    case compress::codec_family::low_rank: best = pr.powersgd; break;
-    }
-    rep.predicted_dense = pr.dense;
-    rep.predicted_compressed = best;
-    if (z.mode == compress_mode::automatic) compress = best < pr.dense;
-  }
-  if (!compress || z.mode == compress_mode::never) {
-    compress::with_codec<T>(z.codec, n, [](const auto&, auto) {}); // a bad spec fails here too
-    dense(data);
-    rep.path = compressed_path::dense;
-    rep.wire_bytes = p > 1 ? 2 * (static_cast<std::size_t>(p) - 1) * n / static_cast<std::size_t>(p) * sizeof(T) : 0;
-    return;
-  }
-
-  // Error feedback: fold the residual in; the new residual starts as the
-  // rounding of that sum to T (nothing for float) and takes each encode's error.
-  A* residual = nullptr;
-  if (z.error_feedback) {
-    if (st.residual.size() != n) st.residual.assign(n, A(0));
-    residual = st.residual.data();
-    for (std::size_t i = 0; i < n; ++i) {
-      const A v = widen(data[i]) + residual[i];
-      data[i] = narrow<T>(v);
-      const A e = v - widen(data[i]);
-      residual[i] = std::isfinite(static_cast<double>(e)) ? e : A(0);
-    }
-  }
-  std::size_t sent = 0;
-  detail::counted<C> cc{c, &sent};
-  const std::size_t dense_bytes_per_elem = p > 1 ? 2 * (static_cast<std::size_t>(p) - 1) * sizeof(T) : 0;
-  const auto dense_counted = [&](auto span) {
-    dense(span);
-    sent += dense_bytes_per_elem * span.size() / static_cast<std::size_t>(p);
-  };
-  switch (family) {
-  case compress::codec_family::quantizer:
-    compress::with_codec<T>(z.codec, n, [&](const auto& k, auto) {
-      using K = std::remove_cvref_t<decltype(k)>;
-      if constexpr (compress::family_of<K>() == compress::codec_family::quantizer) {
-      const algo::compressed_ring::call<K> x{.seed = z.seed, .step = step, .average = average, .residual = residual,
-                                             .seg_bytes = z.segment(), .tag = o.tag};
-      const bool two = quant == compressed_path::two_step;
-      const std::size_t need = two ? algo::compressed_two_step::workspace_bytes(k, p, n, z.segment(), residual != nullptr)
-                                   : algo::compressed_ring::workspace_bytes(k, p, n, z.segment(), residual);
-      if (st.workspace.size() < need) st.workspace.resize(need);
-      const std::span<std::byte> ws(st.workspace.data(), need);
-      if (two) algo::compressed_two_step::allreduce(cc, k, data.data(), n, x, ws);
-      else algo::compressed_ring::allreduce(cc, k, data.data(), n, x, ws);
-      rep.path = two ? compressed_path::two_step : compressed_path::ring;
-      }
-    });
-    break;
-  case compress::codec_family::sparse:
-    compress::with_codec<T>(z.codec, n, [&](const auto& k, auto state) {
-      if constexpr (compress::family_of<std::remove_cvref_t<decltype(k)>>() == compress::codec_family::sparse) {
-      if constexpr (requires { state.step; }) {
-        state.seed = algo::segment_seed(z.seed, 0);
-        state.step = step;
-        state.rank = static_cast<std::uint32_t>(r);
-      }
-      const std::size_t need = algo::sparse_allgather::workspace_bytes(k, n) + k.max_encoded_bytes(n) + 16;
-      if (st.workspace.size() < need) st.workspace.resize(need);
-      const std::span<std::byte> ws(st.workspace);
-      const std::size_t payload_bytes = (k.max_encoded_bytes(n) + 15) / 16 * 16;
-      const auto res = algo::sparse_allgather::allreduce(cc, k, state, data.data(), n, average, residual,
-                                                         ws.first(payload_bytes), ws.subspan(payload_bytes),
-                                                         st.gathered, o.tag, dense_counted);
-      rep.path = res.sparse ? compressed_path::sparse : compressed_path::sparse_dense;
-      }
-    });
-    break;
-  case compress::codec_family::shared_randk:
-    compress::with_codec<T>(z.codec, n, [&](const auto& k0, auto) {
-      auto k = k0;
-      if constexpr (compress::family_of<decltype(k)>() == compress::codec_family::shared_randk) {
-        k.unbiased = residual == nullptr;
-        const std::size_t e = k.entries(n);
-        const std::size_t need = compress::workspace_piece<T>(e) + compress::workspace_piece<std::uint64_t>(e) + 32;
+    case compress::codec_family::sparse:
+      compress::with_codec<T>(z.codec, n, [&](const auto& k, auto state) {
+        if constexpr (compress::family_of<std::remove_cvref_t<decltype(k)>>() == compress::codec_family::sparse) {
+        if constexpr (requires { state.step; }) {
+          state.seed = algo::segment_seed(z.seed, 0);
+          state.step = step;
+          state.rank = static_cast<std::uint32_t>(r);
+        }
+        const std::size_t need = algo::sparse_allgather::workspace_bytes(k, n) + k.max_encoded_bytes(n) + 16;
         if (st.workspace.size() < need) st.workspace.resize(need);
-        compress::workspace_cursor cur(st.workspace, name);
-        const auto values = cur.take<T>(e);
-        const auto index = cur.take<std::uint64_t>(e);
-        algo::randk_allreduce::allreduce(k, z.seed, step, data.data(), n, residual, values, index, dense_counted);
-      }
-      rep.path = compressed_path::randk;
-    });
-    break;
-  case compress::codec_family::low_rank:
-    compress::with_codec<T>(z.codec, n, [&](const auto& k, auto) {
-      if constexpr (compress::family_of<std::remove_cvref_t<decltype(k)>>() == compress::codec_family::low_rank) {
-        if (st.powersgd.seed == 0 && st.powersgd.q.empty()) st.powersgd.seed = z.seed;
-        const std::size_t floats = algo::powersgd_allreduce::scratch_floats(k.rows, k.cols, k.used_rank());
-        const std::size_t need = compress::workspace_piece<float>(floats) + 16;
-        if (st.workspace.size() < need) st.workspace.resize(need);
-        compress::workspace_cursor cur(st.workspace, name);
-        const auto f = cur.take<float>(floats);
-        const auto dense_float = [&](std::span<float> s, bool avg) {
-          if (avg) allreduce(c, s, op::avg{}, dense_o);
-          else allreduce(c, s, op::sum{}, dense_o);
-          sent += dense_bytes_per_elem / sizeof(T) * sizeof(float) * s.size() / static_cast<std::size_t>(p);
-        };
-        algo::powersgd_allreduce::allreduce(k, st.powersgd, data.data(), n, average, residual, f, dense_float,
-                                            dense_counted);
-      }
-      rep.path = compressed_path::powersgd;
-    });
-    break;
-  }
-  rep.wire_bytes = sent;
+        const std::span<std::byte> ws(st.workspace);
+        const std::size_t payload_bytes = (k.max_encoded_bytes(n) + 15) / 16 * 16;
+        const auto res = algo::sparse_allgather::allreduce(cc, k, state, data.data(), n, average, residual,
+                                                           ws.first(payload_bytes), ws.subspan(payload_bytes),
+                                                           st.gathered, o.tag, dense_counted);
+        rep.path = res.sparse ? compressed_path::sparse : compressed_path::sparse_dense;
+        }
+      });
+      break;
+    case compress::codec_family::shared_randk:
+      compress::with_codec<T>(z.codec, n, [&](const auto& k0, auto) {
+        auto k = k0;
+        if constexpr (compress::family_of<decltype(k)>() == compress::codec_family::shared_randk) {
+          k.unbiased = residual == nullptr;
+          const std::size_t e = k.entries(n);
+          const std::size_t need = compress::workspace_piece<T>(e) + compress::workspace_piece<std::uint64_t>(e) + 32;
+          if (st.workspace.size() < need) st.workspace.resize(need);
+          compress::workspace_cursor cur(st.workspace, name);
+          const auto values = cur.take<T>(e);
+          const auto index = cur.take<std::uint64_t>(e);
+          algo::randk_allreduce::allreduce(k, z.seed, step, data.data(), n, residual, values, index, dense_counted);
+        }
+        rep.path = compressed_path::randk;
+      });
+      break;
+    case compress::codec_family::low_rank:
+      compress::with_codec<T>(z.codec, n, [&](const auto& k, auto) {
+        if constexpr (compress::family_of<std::remove_cvref_t<decltype(k)>>() == compress::codec_family::low_rank) {
+          if (st.powersgd.seed == 0 && st.powersgd.q.empty()) st.powersgd.seed = z.seed;
+          const std::size_t floats = algo::powersgd_allreduce::scratch_floats(k.rows, k.cols, k.used_rank());
+          const std::size_t need = compress::workspace_piece<float>(floats) + 16;
+          if (st.workspace.size() < need) st.workspace.resize(need);
+          compress::workspace_cursor cur(st.workspace, name);
+          const auto f = cur.take<float>(floats);
+          const auto dense_float = [&](std::span<float> s, bool avg) {
+            if (avg) allreduce(c, s, op::avg{}, dense_o);
+            else allreduce(c, s, op::sum{}, dense_o);
+            sent += dense_bytes_per_elem / sizeof(T) * sizeof(float) * s.size() / static_cast<std::size_t>(p);
+          };
+          algo::powersgd_allreduce::allreduce(k, st.powersgd, data.data(), n, average, residual, f, dense_float,
+                                              dense_counted);
+        }
+        rep.path = compressed_path::powersgd;
+      });
+      break;
+    }
+    rep.wire_bytes = sent;
+  });
 }
 
 } // namespace gradsync

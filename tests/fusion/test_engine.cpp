@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <thread>
@@ -147,9 +148,10 @@ engine_options small_buckets() {
 
 // Only flush() runs a partial bucket (and no key fills its first bucket in
 // these tests), so one negotiation sees every tensor: the plan is fixed.
+// Every size is fused (no model-derived solo size).
 engine_options flush_only(std::size_t bucket = std::size_t{1} << 20) {
   return {.bucket_bytes = bucket, .first_bucket_bytes = bucket, .cycle_time = std::chrono::microseconds(60'000'000),
-          .lookahead = 64};
+          .lookahead = 64, .solo_bytes = std::numeric_limits<std::size_t>::max()};
 }
 
 } // namespace
@@ -452,6 +454,30 @@ TEST_CASE("engine: error feedback stays exact per tensor while bucket compositio
   check_fused_feedback("sign:block=256", 2, 20, 5);
 }
 
+TEST_CASE("engine: automatic ids restart at each flush, so residuals carry over between steps") {
+  inproc::run(2, [](inproc::communicator& c) {
+    const compression z{.codec = compress::parse_spec("int8:block=32"), .algo = compressed_algorithm::ring};
+    engine<inproc::communicator> eng(c, flush_only());
+    const std::size_t sizes[] = {40, 7, 300};
+    std::vector<double> first;
+    for (int t = 0; t < 3; ++t) {
+      std::vector<std::vector<float>> v(3);
+      std::vector<handle> hs;
+      for (std::size_t j = 0; j < 3; ++j) {
+        for (std::size_t i = 0; i < sizes[j]; ++i) v[j].push_back(grad(c.rank(), j, i, t));
+        hs.push_back(eng.submit(std::span(v[j]), {.compress = z}));
+        CHECK(hs.back().id() == automatic_id_base + j);
+      }
+      eng.flush();
+      if (t == 0) first = eng.residual(automatic_id_base + 2);
+    }
+    for (std::size_t j = 0; j < 3; ++j) CHECK(eng.residual(automatic_id_base + j).size() == sizes[j]);
+    CHECK(eng.residual(automatic_id_base + 3).empty()); // no ids beyond one step's
+    CHECK(first.size() == 300);
+    CHECK(first != eng.residual(automatic_id_base + 2)); // the same id's residual moved on
+  });
+}
+
 TEST_CASE("grouped_compressed_allreduce: residuals per tensor, conservation over steps") {
   constexpr int p = 3, steps = 10;
   const std::size_t sizes[] = {100, 7, 900, 64, 1000};
@@ -698,19 +724,44 @@ TEST_CASE("engine: one negotiation runs exactly the planner's buckets") {
   const std::size_t planned =
       plan(descs, {.bucket_bytes = eo.bucket_bytes, .first_bucket_bytes = eo.first_bucket_bytes, .lookahead = 8, .first = true})
           .size();
+  // Every rank submits all descs and flushes once; each rank's stats kept.
+  const auto run_all = [&] {
+    inproc::run(p, [&](inproc::communicator& c) {
+      std::vector<tensor> ts;
+      for (const auto& d : descs) ts.push_back(make(c.rank(), d.id, d.dt, d.op, d.count));
+      engine<inproc::communicator> eng(c, eo);
+      for (auto& t : ts) submit(eng, t, false);
+      eng.flush();
+      for (auto& t : ts) CHECK(wrong(t, p) == 0);
+      stats[static_cast<std::size_t>(c.rank())] = eng.stats();
+    });
+  };
   CHECK(planned == 15);
-  inproc::run(p, [&](inproc::communicator& c) {
-    std::vector<tensor> ts;
-    for (const auto& d : descs) ts.push_back(make(c.rank(), d.id, d.dt, d.op, d.count));
-    engine<inproc::communicator> eng(c, eo);
-    for (auto& t : ts) submit(eng, t, false);
-    eng.flush();
-    for (auto& t : ts) CHECK(wrong(t, p) == 0);
-    stats[static_cast<std::size_t>(c.rank())] = eng.stats();
-  });
+  run_all();
   for (const auto& s : stats) {
     CHECK(s.buckets == planned);
     CHECK(s.cycles == 1);
     CHECK(s.tensors == 300);
   }
+  // With solo_bytes 64 the f64 tensors (64-96 bytes) run alone, in place.
+  eo.solo_bytes = 64;
+  const std::size_t solo_planned = plan(descs, {.bucket_bytes = eo.bucket_bytes, .first_bucket_bytes = eo.first_bucket_bytes,
+                                                .lookahead = 8, .first = true, .solo_bytes = 64})
+                                       .size();
+  CHECK(solo_planned == 10 + 100);
+  run_all();
+  for (const auto& s : stats) CHECK(s.buckets == solo_planned);
+}
+
+TEST_CASE("solo_bytes_of: never on one rank; the model's break-even, at least the floor, on more") {
+  inproc::run(1, [](inproc::communicator& c) { CHECK(solo_bytes_of(c) == std::numeric_limits<std::size_t>::max()); });
+  // The default model at 2 ranks: one exchange step (alpha + 8 bytes) over two copies of each byte.
+  const double expect = (policy::model_alpha + 8 * (policy::model_beta + policy::model_gamma)) / (2 * policy::model_beta);
+  REQUIRE(expect > solo_floor_bytes);
+  inproc::run(2, [&](inproc::communicator& c) {
+    CHECK(static_cast<double>(solo_bytes_of(c)) == std::floor(expect)); // whole bytes, rounded down
+    // A fast link: the floor.
+    selector fast(cost_model{.local = {1e-8, 1e-11, 1e-11}, .global = {1e-8, 1e-11, 1e-11}}, {});
+    CHECK(solo_bytes_of(c, options{.select = &fast}) == solo_floor_bytes);
+  });
 }

@@ -119,6 +119,26 @@ TEST_CASE("planner: a tensor larger than the capacity is its own bucket") {
   CHECK_FALSE(f[1].complete);
 }
 
+TEST_CASE("planner: tensors of at least solo_bytes are never fused, and count as another key") {
+  // 40, 400, 40, 40, 4000 bytes; solo from 400.
+  const std::vector<tensor_desc> t{f32(10), f32(100), f32(10), f32(10), f32(1000)};
+  plan_options o = opts(1 << 20, 1 << 20, 1, false);
+  o.solo_bytes = 400;
+  const auto b = plan(t, o);
+  REQUIRE(b.size() == 4);
+  CHECK(b[0].members == idx{0, 2}); // 1 is the first miss; the window (1 + 1) ends at 2
+  CHECK(b[0].offsets == idx{0, 48});
+  CHECK(b[0].complete);
+  CHECK(b[1].members == idx{1});
+  CHECK(b[1].complete);
+  CHECK(b[2].members == idx{3});
+  CHECK_FALSE(b[2].complete); // 4 is a miss, the window reaches past the input
+  CHECK(b[3].members == idx{4});
+  CHECK(b[3].complete);
+  o.solo_bytes = 0; // every tensor alone
+  CHECK(plan(t, o).size() == 5);
+}
+
 TEST_CASE("planner: look-ahead past tensors of other keys is bounded") {
   const tensor_desc A = f32(4), B = of(dtype::f16, 8);
   const std::vector<tensor_desc> t{A, B, B, B, A, A};

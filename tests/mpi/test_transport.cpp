@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 
 using namespace gradsync;
 using namespace gradsync::test;
@@ -420,4 +421,74 @@ TEST_CASE("harness self-check: a failed check on one rank fails the job" * docte
   auto c = make_comm();
   CHECK(c.rank() != 1);
   barrier(c);
+}
+
+TEST_CASE("ranks that disagree on the count all raise one mismatch error naming the odd rank (verify)") {
+  auto& c = lasting_comm(10s);
+  const int p = c.size(), r = c.rank();
+  options o;
+  o.verify = verification::always;
+  std::vector<float> v(r == p - 1 ? 1001 : 1000, 1.0f);
+  auto e = expect_error([&] { allreduce(c, std::span(v), op::sum{}, o); });
+  if (e) {
+    INFO(e->what());
+    CHECK(e->kind() == errc::mismatch);
+    CHECK(e->op() == "allreduce");
+    CHECK(contains(e->reason(), "count differs"));
+    CHECK(contains(e->reason(), "rank " + std::to_string(p - 1) + ": 1001"));
+  }
+  // The failed communicator fails fast from now on.
+  auto again = expect_error([&] { allreduce(c, std::span(v), op::sum{}, o); });
+  if (again) CHECK(again->kind() == errc::aborted);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("after a failed call, a new communicator receives nothing of the old one's messages") {
+  for (int round = 0; round < 3; ++round) {
+    {
+      // Not kept: destroyed right after the failure (retired, not freed).
+      auto bad = make_comm();
+      bad.set_timeout(300ms);
+      const int r = bad.rank();
+      // Counts differ and nothing checks first: messages of the failed call stay in flight.
+      std::vector<float> v(r == 0 ? 1000 : 1, 1.0f);
+      options o;
+      o.verify = verification::never;
+      o.algo = algorithm::ring;
+      (void)expect_error([&] { allreduce(bad, std::span(v), op::sum{}, o); });
+      CHECK(bad.calls().failed());
+      MPI_Barrier(MPI_COMM_WORLD);
+    }
+    auto fresh = make_comm();
+    fresh.set_timeout(10s);
+    const int p = fresh.size();
+    std::vector<float> w(1000, static_cast<float>(fresh.rank() + 1));
+    options o;
+    o.algo = algorithm::ring;
+    allreduce(fresh, std::span(w), op::sum{}, o);
+    for (const float x : w) REQUIRE(x == static_cast<float>(p * (p + 1) / 2));
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
+TEST_CASE("abort() from another thread frees a blocked wait with errc::aborted") {
+  // (abort() makes no MPI call, so MPI_THREAD_SERIALIZED suffices)
+  auto& c = lasting_comm(60s); // only the abort can end the wait early
+  if (c.rank() == 0) {
+    std::array<std::byte, 8> buf{};
+    auto rq = c.irecv(std::span(buf), 1, 77); // never sent
+    std::thread t([&] {
+      std::this_thread::sleep_for(100ms);
+      c.abort("test");
+    });
+    auto e = expect_error([&] { rq.wait(); });
+    t.join();
+    if (e) {
+      CHECK(e->kind() == errc::aborted);
+      CHECK(contains(e->reason(), "rank 0 aborted: test"));
+    }
+    auto later = expect_error([&] { (void)c.isend(std::span<const std::byte>(buf), 1, 78); });
+    if (later) CHECK(later->kind() == errc::aborted);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
 }

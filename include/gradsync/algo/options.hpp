@@ -53,6 +53,16 @@ constexpr bool parse_algorithm(std::string_view s, algorithm& out) {
   return false;
 }
 
+/// Whether a collective first checks that every rank makes the same call
+/// (algo/verify.hpp: collective, count, dtype, op, root, algorithm, codec,
+/// sequence number), so that ranks that disagree all fail with one
+/// errc::mismatch error instead of returning wrong values or timing out.
+enum class verification {
+  automatic, ///< payloads of at least policy::verify_min_bytes; every call under GRADSYNC_DEBUG=1
+  always,    ///< every call (costs one round of ceil(log2 p) small messages)
+  never,     ///< no check
+};
+
 /// Options of every collective (Gloo style: one struct, defaults that work).
 struct options {
   /// Which schedule to run.
@@ -60,14 +70,16 @@ struct options {
   /// Pipeline segment in bytes (0: policy::ring_segment_bytes). Small values
   /// force the multi-segment paths, which tests use.
   std::size_t segment_bytes = 0;
-  /// Message tag. A collective uses tags [tag, tag + policy::tag_span), so
-  /// concurrent collectives on one communicator need tags that far apart.
+  /// Message tag in [0, policy::max_tag]. A collective uses tags [tag, tag +
+  /// policy::tag_span), so concurrent collectives on one communicator need
+  /// tags that far apart.
   int tag = policy::default_tag;
   /// Optional caller-owned scratch of at least the size the matching
   /// `*_workspace_bytes` query returns; empty: allocated per call.
   std::span<std::byte> workspace = {};
   /// Cost model and override table `automatic` consults (algo/select.hpp).
-  /// Null: the default model of core/policy.hpp and no override table. All
+  /// Null: the default model of core/policy.hpp with GRADSYNC_ALGO's
+  /// override table (read at the first such call). All
   /// ranks must pass equivalent selectors (calibrate() agrees them), or they
   /// may pick different schedules and deadlock.
   const selector* select = nullptr;
@@ -79,6 +91,8 @@ struct options {
   /// Longest any wait of this call may block before it fails with
   /// errc::timeout; 0: the communicator's own timeout.
   std::chrono::milliseconds timeout{0};
+  /// Whether to check first that every rank makes the same call.
+  verification verify = verification::automatic;
 
   /// The pipeline segment in bytes this call uses (segment_bytes, or the
   /// policy default when that is 0).

@@ -111,6 +111,7 @@ template <float_element T> struct approx_topk {
   /// Encodes about density * n of the largest magnitudes; records the result in `st`.
   std::size_t encode(std::span<const T> in, state& st, std::span<std::byte> ws,
                      std::span<std::byte> out) const {
+    check_float_range(in, encode_op);
     const std::size_t n = in.size();
     wire::check(density >= 0.0 && density <= 1.0, encode_op,
                 "density " + std::to_string(density) + " is outside [0, 1]");

@@ -430,6 +430,7 @@ template <class Rule, float_element T> struct blockwise {
   /// Quantises `in`; stochastic rules draw from `st` and advance st.step.
   std::size_t encode(std::span<const T> in, state& st, std::span<std::byte> ws,
                      std::span<std::byte> out) const {
+    check_float_range(in, Rule::encode_op);
     if constexpr (Rule::stochastic) {
       const philox_stream noise = st.next();
       return detail::blockwise_encode(rule, block, in, &noise, ws, out, Rule::encode_op);

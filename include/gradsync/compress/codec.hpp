@@ -34,12 +34,15 @@
 // FRAMEWORK READY
 #pragma once
 
+#include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <new>
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "../core/config.hpp"
@@ -172,6 +175,23 @@ GRADSYNC_HD inline bool finite(float v) {
 // ---------------------------------------------------------------------------
 // Conveniences for tests and simple callers (they allocate).
 
+/// Codecs compute in float (scales, norms, decoded values), so a finite
+/// double beyond float's range would decode as Inf or poison its block;
+/// their encoders reject it instead (Inf and NaN follow the non-finite
+/// policy of docs/compression.md). One pass, doubles only.
+template <class T> void check_float_range(std::span<const T> in, const char* op) {
+  if constexpr (std::is_same_v<T, double>) {
+    for (std::size_t i = 0; i < in.size(); ++i)
+      if (std::isfinite(in[i]) && !std::isfinite(static_cast<float>(in[i])))
+        wire::fail(op, "element " + std::to_string(i) + " is " + std::to_string(in[i]) +
+                           ": beyond the float range (|x| <= 3.4e38) in which the codec computes; scale the "
+                           "gradient, or send doubles uncompressed");
+  } else {
+    (void)in;
+    (void)op;
+  }
+}
+
 /// Encodes `in` into a freshly allocated payload of exactly the written size.
 template <codec C>
 std::vector<std::byte> encode_to_vector(const C& c, std::span<const typename C::value_type> in,
@@ -192,7 +212,15 @@ std::vector<typename C::value_type> decode_to_vector(const C& c,
   const std::uint64_t n = wire::count_of(payload);
   wire::check_payload(n <= std::vector<T>().max_size(), "decode.header",
                       "element count " + std::to_string(n) + " exceeds what a vector can hold");
-  std::vector<typename C::value_type> out(static_cast<std::size_t>(n));
+  std::vector<T> out;
+  try {
+    out.resize(static_cast<std::size_t>(n));
+  } catch (const std::bad_alloc&) { // a count the header allows but memory does not
+    wire::fail("decode.header",
+               "cannot allocate the " + std::to_string(n) + " elements (" + std::to_string(n * sizeof(T)) +
+                   " bytes) the payload announces",
+               errc::internal);
+  }
   c.decode(payload, std::span(out));
   return out;
 }

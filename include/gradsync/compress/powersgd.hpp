@@ -200,6 +200,7 @@ inline std::size_t powersgd_orthonormalize(float* p, std::size_t rows, std::size
 template <class PF, class QF, class Sink>
 void powersgd_reconstruct_with(PF p, QF q, std::size_t rows, std::size_t cols, std::size_t r,
                           Sink sink) {
+  if (rows == 0 || cols == 0) return; // an empty matrix may still announce 2^40 rows: loop over nothing
   for (std::size_t i = 0; i < rows; ++i)
     for (std::size_t c = 0; c < cols; ++c) sink(i * cols + c, powersgd_element(p, q, i, c, r));
 }
@@ -260,6 +261,7 @@ template <float_element T> struct powersgd {
   /// One warm-started PowerSGD step on `in` (rows x cols); updates st.q.
   std::size_t encode(std::span<const T> in, state& st, std::span<std::byte> ws,
                      std::span<std::byte> out) const {
+    check_float_range(in, encode_op);
     wire::check(rank >= 1, encode_op, "rank must be at least 1");
     wire::check(in.size() == wire::checked_mad(rows, cols, 0, encode_op, errc::invalid_argument), encode_op,
                 "input holds " + std::to_string(in.size()) + " elements, the matrix is " +

@@ -142,6 +142,7 @@ template <float_element T> struct randomk {
   /// Sends in[perm(j)] for j < entries(n); advances st.step.
   std::size_t encode(std::span<const T> in, state& st, std::span<std::byte> ws,
                      std::span<std::byte> out) const {
+    check_float_range(in, encode_op);
     const std::size_t n = in.size();
     check_encode_buffers(encode_op, out.size(), max_encoded_bytes(n), ws.size(), 0);
     const std::size_t e = entries(n);

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <string>
 #include <string_view>
@@ -180,7 +181,7 @@ template <float_element T, class F> void with_codec(const spec& s, std::size_t n
   } else if (z == "qsgd") {
     compress::qsgd<T> c{.block = block(qsgd_rule::default_block)};
     const std::size_t levels = s.count("levels", c.rule.levels);
-    if (levels < 1 || levels > 0x7fff) s.fail("levels out of range [1, 32767]");
+    if (levels < 1 || levels > 127) s.fail("levels out of range [1, 127]"); // qsgd_rule: 8-bit sign-magnitude codes
     c.rule.levels = static_cast<std::uint16_t>(levels);
     s.check_used();
     f(c, seeded);
@@ -197,7 +198,10 @@ template <float_element T, class F> void with_codec(const spec& s, std::size_t n
     s.check_used();
     f(c, seeded);
   } else if (z == "threshold") {
-    compress::threshold<T> c{.tau = static_cast<float>(s.number("tau", 2.576))};
+    const double tau = s.number("tau", 2.576);
+    if (!(tau >= 0 && tau <= static_cast<double>(std::numeric_limits<float>::max())))
+      s.fail("tau must lie in [0, FLT_MAX] (it is compared in float)");
+    compress::threshold<T> c{.tau = static_cast<float>(tau)};
     s.check_used();
     f(c, no_state{});
   } else if (z == "powersgd") {

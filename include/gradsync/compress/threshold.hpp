@@ -54,6 +54,7 @@ template <float_element T> struct threshold {
   /// Encodes the elements with |x| >= tau in one pass; returns payload bytes.
   std::size_t encode(std::span<const T> in, state&, std::span<std::byte> ws,
                      std::span<std::byte> out) const {
+    check_float_range(in, encode_op);
     const std::size_t n = in.size();
     wire::check(valid_tau(tau), encode_op,
                 "tau " + std::to_string(tau) + " must be finite and >= 0");

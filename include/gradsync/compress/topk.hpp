@@ -55,6 +55,7 @@ template <float_element T> struct topk {
   /// Encodes the entries(n) largest magnitudes of `in`; returns payload bytes.
   std::size_t encode(std::span<const T> in, state&, std::span<std::byte> ws,
                      std::span<std::byte> out) const {
+    check_float_range(in, encode_op);
     const std::size_t n = in.size();
     sparse::check_count(n, encode_op);
     check_encode_buffers(encode_op, out.size(), max_encoded_bytes(n), ws.size(),

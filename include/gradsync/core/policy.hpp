@@ -38,7 +38,21 @@ inline constexpr int default_tag = 0x6753; // "gS"
 /// tree uses one per tree, and hierarchical schedules shift their inter-group
 /// level by level_tag_shift so the two levels can never match each other.
 inline constexpr int level_tag_shift = 2;
-inline constexpr int tag_span = 2 * level_tag_shift;
+/// The tag of a call's agreement round (algo/verify.hpp): options::tag +
+/// verify_tag_offset, past every tag of the schedules.
+inline constexpr int verify_tag_offset = 2 * level_tag_shift;
+inline constexpr int tag_span = verify_tag_offset + 1;
+/// Largest options::tag: a call's tags [tag, tag + tag_span) must fit an int
+/// (a transport may bound tags lower: MPI's MPI_TAG_UB, checked there).
+inline constexpr int max_tag = 0x7fffffff - (tag_span - 1);
+
+/// Payload size from which every collective checks, before moving data,
+/// that all ranks make the same call (algo/verify.hpp; options::verify;
+/// GRADSYNC_DEBUG=1 checks every call). The check is one dissemination
+/// round of 16-byte messages: ceil(log2 p) latencies. Measured on the CI VM
+/// (gradsync-bench allreduce --verify always|never, 2 ranks): see
+/// docs/reliability.md.
+inline constexpr std::size_t verify_min_bytes = std::size_t{256} << 10;
 
 /// Default alpha-beta-gamma model of algo/select.hpp (seconds per message,
 /// per byte sent, per byte reduced), used when no calibrated selector is
@@ -108,7 +122,8 @@ inline constexpr std::chrono::microseconds shm_spin_time{1000};
 inline constexpr unsigned shm_oversubscribed_spin_polls = 20;
 /// How often a sleeping rank wakes to check that its peers are alive.
 inline constexpr std::chrono::milliseconds shm_liveness_interval{10};
-/// How long ranks wait for each other while setting up a shm communicator.
+/// How long ranks wait for each other while setting up a shm communicator
+/// (GRADSYNC_SHM_JOIN_TIMEOUT_MS overrides it; dead ranks are seen sooner).
 inline constexpr std::chrono::milliseconds shm_attach_timeout{60'000};
 /// Per-rank collective arena (two alternating halves) of algo/shm_direct.hpp.
 /// allreduce busbw, 2 ranks, 1/4/16/64 MiB: 256 KiB arena 5.6/5.6/5.5/5.0,

@@ -40,9 +40,13 @@
 // ran (agreed: derived from the gathered counts).
 //
 // Identity. A tensor is named by tensor_options::id (below 2^63), or else by
-// an automatic id: 2^63 + the number of automatic submissions before it on
-// this engine. Automatic ids are valid when one thread submits the tensors in
-// the same order on every rank; with several submitting threads, give ids.
+// an automatic id: 2^63 + the number of automatic submissions before it since
+// the engine started or flush() was last called. Automatic ids are valid when
+// one thread submits the tensors in the same order on every rank and calls
+// flush() at the same points; ending each step with flush() gives a tensor
+// the same id every step, which error feedback needs (residuals are kept by
+// id, and one kept for an id that never comes back is never freed). With
+// several submitting threads, give ids.
 //
 // Results: bitwise identical on all ranks; they equal per-tensor allreduces
 // wherever the operator is exact (integers, small-integer floats), but a
@@ -68,7 +72,9 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <exception>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -86,6 +92,7 @@
 #include "../collectives.hpp"
 #include "../compressed.hpp"
 #include "../core/error.hpp"
+#include "../core/hash.hpp"
 #include "../core/policy.hpp"
 #include "../transport/capabilities.hpp"
 #include "planner.hpp"
@@ -109,8 +116,9 @@ struct tensor_options {
   /// schedule, seed, segment).
   std::optional<compression> compress = std::nullopt;
   /// The tensor's identity across ranks and steps (below 2^63); none: the
-  /// automatic id (see the file comment). Error-feedback residuals are kept
-  /// by id, so a gradient should keep its id across steps.
+  /// automatic id (see the file comment: counted from the last flush()).
+  /// Error-feedback residuals are kept by id, so a gradient should keep its
+  /// id across steps.
   std::optional<std::uint64_t> id = std::nullopt;
 };
 
@@ -124,6 +132,10 @@ struct engine_options {
   std::chrono::microseconds cycle_time = policy::fusion_cycle_time;
   /// Planner look-ahead in positions (plan_options::lookahead).
   std::size_t lookahead = policy::fusion_lookahead;
+  /// Tensors of at least this many bytes are never packed (each its own
+  /// bucket, reduced in place); none: solo_bytes_of(comm, coll), the cost
+  /// model's break-even size.
+  std::optional<std::size_t> solo_bytes = std::nullopt;
   /// Options of every bucket's collective: algorithm (automatic: the cost
   /// model picks per bucket size), selector, segment, timeout, tag (by
   /// default default_engine_tag). Its workspace is ignored: the engine keeps
@@ -141,7 +153,40 @@ struct engine_stats {
   std::uint64_t mismatched = 0;         ///< tensors failed because ranks disagreed on them
 };
 
+/// Smallest size solo_bytes_of returns on two or more ranks. The cost model
+/// has no term for a call's software overhead (validation, the plan, the
+/// schedule's setup: about 2 us per allreduce on the CI VM, against a
+/// modelled 0.3-1 us), so its break-even alone comes out far too small: 1.2
+/// KiB over shm and 5.3 KiB over MPI when calibrated. Measured break-even,
+/// 128 tensors through the engine at 2 ranks (gradsync-bench fusion -N 128
+/// -s SIZE --solo 1G, CI VM): shm 8/16 KiB 1.25x/1.23x faster fused, 32 KiB
+/// 0.79x; MPI 16 KiB 1.40x, 32 KiB 1.14x, 64 KiB 0.93x.
+inline constexpr std::size_t solo_floor_bytes = std::size_t{32} << 10;
+
+/// The tensor size from which fusing costs more than it saves, by the cost
+/// model of `o` (its selector, else the default model): a call's fixed cost
+/// (the model's time for an 8-byte allreduce on c) over the cost of packing
+/// and unpacking a byte (2 x the model's copy cost per byte), and at least
+/// solo_floor_bytes. A slow link (large alpha) raises it: a 50 us alpha and
+/// 10 GB/s copies give 250 KB. One rank: never (nothing to save, and the
+/// plan stays the one of many ranks). Equal on all ranks given equal
+/// selectors.
+template <transport C> std::size_t solo_bytes_of(const C& c, const options& o = {}) {
+  constexpr std::size_t never = std::numeric_limits<std::size_t>::max();
+  if (c.size() <= 1) return never;
+  const selector& sel = gradsync::detail::selector_of(o);
+  const topology topo = topology_of(c, o);
+  const double fixed = sel.model().allreduce(sel.choose(8, topo, o.segment()), 8, topo, o.segment());
+  const double copy = sel.model().arena.copy;
+  if (!(fixed > 0) || !(copy > 0)) return solo_floor_bytes;
+  const double b = fixed / (2 * copy);
+  return b < 0x1p62 ? std::max(solo_floor_bytes, static_cast<std::size_t>(b)) : never;
+}
+
 namespace detail {
+using gradsync::detail::compression_hash; // compressed.hpp
+using gradsync::detail::fnv1a;
+using gradsync::detail::fnv_basis;
 
 // Completion of one tensor, shared by its handles and the engine.
 struct tensor_state {
@@ -179,14 +224,6 @@ private:
   std::unique_ptr<std::byte, del> p_;
   std::size_t cap_ = 0;
 };
-
-inline std::uint64_t fnv1a(std::uint64_t h, const void* p, std::size_t n) {
-  const auto* b = static_cast<const unsigned char*>(p);
-  for (std::size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
-  return h;
-}
-template <class V> std::uint64_t fnv1a(std::uint64_t h, const V& v) { return fnv1a(h, &v, sizeof v); }
-inline constexpr std::uint64_t fnv_basis = 0xcbf29ce484222325ull;
 
 // Hash of a bucket key: the engine's maps are keyed by it (no string per submit).
 inline std::uint64_t key_hash(dtype dt, op_kind op, memory_space space, const std::string& codec) {
@@ -229,6 +266,7 @@ inline std::string codec_key(const compression& z) {
          ";algo=" + std::to_string(static_cast<int>(z.algo)) + ";seed=" + std::to_string(z.seed) +
          ";seg=" + std::to_string(z.segment());
 }
+
 
 // Seed of bucket `b` of a grouped call: buckets must not share noise streams.
 inline std::uint64_t bucket_seed(std::uint64_t seed, std::uint64_t b) {
@@ -279,6 +317,7 @@ public:
   explicit engine(C& comm, engine_options o = {})
       : comm_(comm), o_(std::move(o)), rank_(comm.rank()), size_(comm.size()) {
     o_.coll.workspace = {};
+    solo_ = o_.solo_bytes ? *o_.solo_bytes : solo_bytes_of(comm, o_.coll);
     nego_.tag = o_.coll.tag;
     nego_.select = o_.coll.select;
     thread_ = std::thread([this] { loop(); });
@@ -332,8 +371,9 @@ public:
       } else {
         GRADSYNC_REQUIRE(t.op == op_kind::avg || t.op == op_kind::sum, name, rank_,
                          "compressed tensors reduce with avg or sum, not " + std::string(op_name(t.op)));
-        e.d.codec = detail::codec_key(*t.compress);
-        e.z = codec_for<T>(key_of(e.d).str(), *t.compress);
+        const codec_entry& c = codec_for<T>(*t.compress);
+        e.d.codec = c.key;
+        e.z = c.z;
       }
     }
     if (t.id)
@@ -370,7 +410,8 @@ public:
 
   /// Runs every tensor submitted so far (partial buckets too) and returns
   /// when all are done, successfully or not (their errors are on their
-  /// handles). Rethrows the engine's error if it broke.
+  /// handles). A step boundary: automatic ids count from 0 again for the
+  /// submissions after this call. Rethrows the engine's error if it broke.
   void flush() {
     std::vector<std::shared_ptr<detail::tensor_state>> wait_for;
     {
@@ -379,6 +420,7 @@ public:
       for (auto& [seq, e] : pending_) wait_for.push_back(e.st);
       ++flushers_;
       ++change_;
+      auto_ids_ = 0;
     }
     cv_.notify_one();
     for (const auto& s : wait_for) s->wait_done();
@@ -431,18 +473,26 @@ private:
   using zstate_t = std::variant<std::monostate, compress_state<float>, compress_state<double>, compress_state<half>,
                                 compress_state<bfloat16>>;
 
-  // The engine's copy of a compression, validated for T once per key. Each
-  // is used by the progress thread only (a spec marks parameters as read).
-  template <class T> std::shared_ptr<const compression> codec_for(const std::string& key, const compression& z) {
+  // The engine's copy of a compression and its key text, validated for T
+  // once. Found by a hash of the fields (no string built per submit). Each
+  // copy is used by the progress thread only (a spec marks parameters read).
+  struct codec_entry {
+    std::shared_ptr<const compression> z;
+    std::string key; // the planner's codec key: the hash as 15 characters, so copies allocate nothing
+  };
+  template <class T> const codec_entry& codec_for(const compression& z) {
+    const std::uint64_t h = detail::fnv1a(detail::compression_hash(z), dtype_traits<T>::id);
     {
       std::lock_guard g(m_);
-      if (auto it = codecs_.find(key); it != codecs_.end()) return it->second;
+      if (auto it = codecs_.find(h); it != codecs_.end()) return it->second; // entries are never erased
     }
     compression mine = z;
     compress::with_codec<T>(mine.codec, 1, [](const auto&, auto) {}); // a bad spec fails here, on the caller
-    auto p = std::make_shared<const compression>(std::move(mine));
+    char key[16];
+    std::snprintf(key, sizeof key, "z%014llx", static_cast<unsigned long long>(h >> 8));
+    codec_entry c{std::make_shared<const compression>(std::move(mine)), key};
     std::lock_guard g(m_);
-    return codecs_.emplace(key, std::move(p)).first->second;
+    return codecs_.emplace(h, std::move(c)).first->second;
   }
 
   std::size_t trigger_bytes() const { return first_ ? o_.first_bucket_bytes : o_.bucket_bytes; }
@@ -640,7 +690,7 @@ private:
           errc::mismatch, "fusion", rank_, q,
           "tensor id " + std::to_string(d.id) + " was submitted differently on rank 0 and rank " + std::to_string(q) +
               " (type, count, op or compression; this rank: " + std::string(dtype_name(d.dt)) + " x " +
-              std::to_string(d.count) + " " + std::string(op_name(d.op)) + (d.codec.empty() ? "" : " " + d.codec) +
+              std::to_string(d.count) + " " + std::string(op_name(d.op)) + (bad[k]->z ? " " + detail::codec_key(*bad[k]->z) : "") +
               ")"));
       complete({bad[k]}, e, true);
     }
@@ -653,7 +703,7 @@ private:
       first = first_;
     }
     const auto buckets = plan(descs, {.bucket_bytes = o_.bucket_bytes, .first_bucket_bytes = o_.first_bucket_bytes,
-                                      .lookahead = o_.lookahead, .first = first});
+                                      .lookahead = o_.lookahead, .first = first, .solo_bytes = solo_});
     std::size_t ran = 0;
     for (std::size_t i = 0; i < buckets.size(); ++i) {
       const bucket& b = buckets[i];
@@ -794,6 +844,7 @@ private:
 
   C& comm_;
   engine_options o_;
+  std::size_t solo_ = 0; // resolved engine_options::solo_bytes
   options nego_;
   const int rank_, size_;
 
@@ -803,7 +854,7 @@ private:
   std::map<std::uint64_t, entry> pending_;            // by local submission sequence
   std::unordered_map<std::uint64_t, std::uint64_t> by_id_; // id -> sequence
   std::unordered_map<std::uint64_t, std::size_t> key_bytes_; // pending bytes per key (by key_hash)
-  std::unordered_map<std::string, std::shared_ptr<const compression>> codecs_;
+  std::unordered_map<std::uint64_t, codec_entry> codecs_; // by compression_hash and type
   std::uint64_t seq_ = 0, auto_ids_ = 0, change_ = 0, backoff_change_ = 0;
   clock::time_point backoff_until_{};
   int flushers_ = 0;
@@ -837,20 +888,24 @@ inline aligned_buffer& grouped_buffer() {
 
 /// Allreduce of a list of tensors of one type, fused: the tensors are
 /// planned into buckets of up to `bucket_bytes` (fusion/planner.hpp, no
-/// small first bucket, no other keys), and each bucket is one allreduce
+/// small first bucket, no other keys; tensors of `solo_bytes`, by default
+/// solo_bytes_of(comm, o), or more alone), and each bucket is one allreduce
 /// (a lone tensor in place, others packed into one buffer, kept per thread
 /// across calls). Every rank must pass the same list (counts, in order).
 /// Synchronous; no thread.
 template <transport C, element T, reduce_op Op = op::sum>
 void grouped_allreduce(C& comm, std::span<const std::span<T>> tensors, Op op = {}, const options& o = {},
-                       std::size_t bucket_bytes = policy::fusion_bucket_bytes) {
+                       std::size_t bucket_bytes = policy::fusion_bucket_bytes,
+                       std::optional<std::size_t> solo_bytes = std::nullopt) {
   std::vector<tensor_desc> d(tensors.size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     gradsync::detail::check_span(tensors[i], "grouped_allreduce", comm.rank(), "tensor");
     d[i] = {.id = i, .dt = dtype_traits<T>::id, .count = tensors[i].size(), .op = Op::kind};
   }
   detail::aligned_buffer& buf = detail::grouped_buffer();
-  for (const bucket& b : plan(d, {.bucket_bytes = bucket_bytes, .first_bucket_bytes = bucket_bytes, .first = false})) {
+  const plan_options po{.bucket_bytes = bucket_bytes, .first_bucket_bytes = bucket_bytes, .first = false,
+                        .solo_bytes = solo_bytes ? *solo_bytes : solo_bytes_of(comm, o)};
+  for (const bucket& b : plan(d, po)) {
     if (b.members.size() == 1) {
       allreduce(comm, tensors[b.members[0]], op, o);
       continue;
@@ -865,8 +920,9 @@ void grouped_allreduce(C& comm, std::span<const std::span<T>> tensors, Op op = {
 /// grouped_allreduce for a vector of spans.
 template <transport C, element T, reduce_op Op = op::sum>
 void grouped_allreduce(C& comm, const std::vector<std::span<T>>& tensors, Op op = {}, const options& o = {},
-                       std::size_t bucket_bytes = policy::fusion_bucket_bytes) {
-  grouped_allreduce(comm, std::span<const std::span<T>>(tensors), op, o, bucket_bytes);
+                       std::size_t bucket_bytes = policy::fusion_bucket_bytes,
+                       std::optional<std::size_t> solo_bytes = std::nullopt) {
+  grouped_allreduce(comm, std::span<const std::span<T>>(tensors), op, o, bucket_bytes, solo_bytes);
 }
 
 /// Compressed allreduce of a list of tensors of one float type, fused as
@@ -880,7 +936,8 @@ void grouped_allreduce(C& comm, const std::vector<std::span<T>>& tensors, Op op 
 template <transport C, compress::float_element T, class Op = op::avg>
 void grouped_compressed_allreduce(C& comm, std::span<const std::span<T>> tensors, const compression& z,
                                   std::span<compress_state<T>> states, Op op = {}, const options& o = {},
-                                  std::size_t bucket_bytes = policy::fusion_bucket_bytes) {
+                                  std::size_t bucket_bytes = policy::fusion_bucket_bytes,
+                                  std::optional<std::size_t> solo_bytes = std::nullopt) {
   using A = accum_t<T>;
   const char* name = "grouped_compressed_allreduce";
   GRADSYNC_REQUIRE(states.size() == tensors.size(), name, comm.rank(),
@@ -892,7 +949,8 @@ void grouped_compressed_allreduce(C& comm, std::span<const std::span<T>> tensors
   }
   detail::aligned_buffer& buf = detail::grouped_buffer();
   compress_state<T> st;
-  const auto buckets = plan(d, {.bucket_bytes = bucket_bytes, .first_bucket_bytes = bucket_bytes, .first = false});
+  const auto buckets = plan(d, {.bucket_bytes = bucket_bytes, .first_bucket_bytes = bucket_bytes, .first = false,
+                                .solo_bytes = solo_bytes ? *solo_bytes : solo_bytes_of(comm, o)});
   for (std::size_t bi = 0; bi < buckets.size(); ++bi) {
     const bucket& b = buckets[bi];
     const std::size_t n = b.elements();

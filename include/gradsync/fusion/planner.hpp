@@ -25,7 +25,10 @@
 //    small first bucket, the first gradients of a step start moving before
 //    the rest exist.
 //  - A tensor larger than the capacity is its own bucket (it is not split:
-//    the collective pipelines one large buffer anyway).
+//    the collective pipelines one large buffer anyway). So is every tensor
+//    of at least solo_bytes: packing it would cost more (a copy in and one
+//    out) than the call it saves; the engine derives that size from the cost
+//    model. For bucket membership such a tensor counts as another key.
 //  - A bucket is `complete` when no tensor added to the end of the input
 //    could join it: it filled (the next same-key tensor did not fit, or it
 //    is exactly at capacity), or its look-ahead window ends inside the input.
@@ -126,6 +129,8 @@ struct plan_options {
   std::size_t lookahead = policy::fusion_lookahead;
   /// The plan starts a step: its first bucket has capacity first_bucket_bytes.
   bool first = true;
+  /// Tensors of at least this many bytes are never fused (their own bucket).
+  std::size_t solo_bytes = std::numeric_limits<std::size_t>::max();
 };
 
 /// Splits `t` (in submission order) into buckets by the rule of the file
@@ -149,8 +154,8 @@ inline std::vector<bucket> plan(std::span<const tensor_desc> t, const plan_optio
     b.sizes.push_back(t[start].bytes());
     b.bytes = t[start].bytes();
     taken[start] = 1;
-    if (b.bytes >= cap) {
-      b.complete = true; // oversized (its own bucket) or exactly full
+    if (b.bytes >= cap || b.bytes >= o.solo_bytes) {
+      b.complete = true; // oversized or solo (its own bucket), or exactly full
     } else {
       std::size_t miss = none; // first position holding a free tensor of another key
       std::size_t j = start + 1;
@@ -160,7 +165,7 @@ inline std::vector<bucket> plan(std::span<const tensor_desc> t, const plan_optio
           break;
         }
         if (taken[j]) continue; // in an earlier bucket: neither a member nor a miss
-        if (!same_key(t[j], t[start])) {
+        if (!same_key(t[j], t[start]) || t[j].bytes() >= o.solo_bytes) {
           if (miss == none) miss = j;
           continue;
         }

@@ -14,6 +14,7 @@
 #include <string>
 #include <utility>
 
+#include "../core/call_record.hpp"
 #include "../core/error.hpp"
 #include "../core/timed_choice.hpp"
 #include "transport.hpp"
@@ -86,9 +87,11 @@ concept shared_buffers = shared_arena<C> && requires(const C& c, const void* p, 
   { c.shared_at(q, id, n, n) } -> std::same_as<std::byte*>;
 };
 
-/// A transport on which any rank can call abort(reason): every pending and
-/// later operation of every rank of the group fails with errc::aborted
-/// instead of blocking (a blocked wait is woken, not left to time out).
+/// A transport on which any rank can call abort(reason), from any thread:
+/// every pending and later operation of every rank of the group fails with
+/// errc::aborted instead of blocking (a blocked wait is woken, not left to
+/// time out). MPI's reaches this rank only (peers time out: see
+/// mpi::communicator::abort).
 template <class C>
 concept abortable = transport<C> && requires(C& c, const std::string& why) { c.abort(why); };
 
@@ -99,6 +102,14 @@ template <class C>
 concept timed = transport<C> && requires(C& c, std::chrono::milliseconds t) {
   { std::as_const(c).timeout() } -> std::convertible_to<std::chrono::milliseconds>;
   c.set_timeout(t);
+};
+
+/// A transport that keeps a call_record (core/call_record.hpp): the per-tag
+/// sequence numbers of call fingerprints and the first failure, after which
+/// its collectives fail fast.
+template <class C>
+concept recorded = transport<C> && requires(C& c) {
+  { c.calls() } -> std::same_as<call_record&>;
 };
 
 /// A transport whose buffers may live in device (GPU) memory; it declares

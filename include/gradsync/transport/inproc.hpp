@@ -241,6 +241,9 @@ public:
   /// Fails every pending and future operation of every rank of the world
   /// with `reason` (errc::aborted); blocked waits are woken.
   void abort(const std::string& reason) { w_->abort("rank " + std::to_string(rank_) + " aborted: " + reason); }
+  /// The record of collective calls on this communicator (sequence numbers,
+  /// first failure: see core/call_record.hpp).
+  call_record& calls() noexcept { return calls_; }
 
   /// Posts a send of `data` to `peer`. The buffer must stay valid until the
   /// request completes (i.e. until the receiver has copied it).
@@ -331,10 +334,11 @@ private:
   int rank_;
   std::chrono::milliseconds timeout_{0};
   bool own_timeout_ = false;
+  call_record calls_;
 };
 
 static_assert(transport<communicator>);
-static_assert(upto_receiver<communicator> && abortable<communicator> && timed<communicator>);
+static_assert(upto_receiver<communicator> && abortable<communicator> && timed<communicator> && recorded<communicator>);
 static_assert(!node_map<communicator> && !shared_arena<communicator> && !device_memory<communicator> &&
               !stream_ordered<communicator>);
 

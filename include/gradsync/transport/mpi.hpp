@@ -8,7 +8,11 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <memory>
+#include <mutex>
+#include <exception>
 #include <climits>
 #include <cstdlib>
 #include <cstddef>
@@ -105,6 +109,19 @@ private:
 
 } // namespace detail
 
+namespace detail {
+// Shared by a communicator and its requests: abort() from any thread.
+struct abort_state {
+  std::atomic<bool> set{false};
+  std::mutex m;
+  std::string why;
+  std::string reason() {
+    std::lock_guard g(m);
+    return why;
+  }
+};
+} // namespace detail
+
 /// Completion handle of an MPI send or receive. A transfer larger than
 /// policy::mpi_max_message_bytes travels as several messages (MPI counts are
 /// ints), all with the same tag, matched in order.
@@ -125,6 +142,7 @@ public:
       upto_ = o.upto_;
       received_ = o.received_;
       timeout_ = o.timeout_;
+      abort_ = std::move(o.abort_);
       o.reqs_.clear();
     }
     return *this;
@@ -146,6 +164,7 @@ public:
     for (unsigned i = 0;; ++i) {
       if (poll()) return;
       if ((i & 255u) == 255u) {
+        check_abort();
         const auto waited = clock::now() - start;
         if (waited > timeout_) {
           abandon();
@@ -158,6 +177,7 @@ public:
   /// True once complete (then as wait()); false while pending.
   bool test() {
     if (reqs_.empty()) return true;
+    check_abort();
     detail::world_errors_return guard;
     return poll();
   }
@@ -231,6 +251,13 @@ private:
   bool upto_ = false; // a receive of up to sizes_[0] bytes (one part)
   std::size_t received_ = 0;
   std::chrono::milliseconds timeout_ = policy::default_timeout;
+  std::shared_ptr<detail::abort_state> abort_;
+
+  void check_abort() {
+    if (!abort_ || !abort_->set.load(std::memory_order_acquire)) return;
+    abandon();
+    throw error(errc::aborted, op_, rank_, peer_, "aborted: " + abort_->reason());
+  }
 };
 
 /// A gradsync communicator over MPI: a private duplicate of `user` (errors
@@ -247,6 +274,9 @@ public:
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    int* ub = nullptr;
+    int has_ub = 0;
+    if (MPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &has_ub) == MPI_SUCCESS && has_ub && ub) tag_ub_ = *ub;
     // Node of every rank (for hierarchical schedules): ranks sharing memory
     // form one node, numbered by their lowest rank.
     MPI_Comm local;
@@ -264,7 +294,8 @@ public:
   }
   communicator(communicator&& o) noexcept
       : comm_(std::exchange(o.comm_, MPI_COMM_NULL)), rank_(o.rank_), size_(o.size_),
-        node_(std::move(o.node_)), shape_(o.shape_), timeout_(o.timeout_) {}
+        node_(std::move(o.node_)), shape_(o.shape_), timeout_(o.timeout_), tag_ub_(o.tag_ub_),
+        calls_(std::move(o.calls_)), abort_(std::move(o.abort_)) {}
   communicator& operator=(communicator&& o) noexcept {
     if (this != &o) {
       release();
@@ -274,6 +305,9 @@ public:
       node_ = std::move(o.node_);
       shape_ = o.shape_;
       timeout_ = o.timeout_;
+      tag_ub_ = o.tag_ub_;
+      calls_ = std::move(o.calls_);
+      abort_ = std::move(o.abort_);
     }
     return *this;
   }
@@ -300,6 +334,22 @@ public:
   /// How long a wait blocks before failing (default policy::default_timeout).
   void set_timeout(std::chrono::milliseconds t) noexcept { timeout_ = t; }
   std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+  /// The record of collective calls on this communicator (sequence numbers,
+  /// first failure: see core/call_record.hpp).
+  call_record& calls() noexcept { return calls_; }
+
+  /// Fails this rank's pending and later operations with errc::aborted
+  /// (callable from any thread: a blocked wait returns within a few polls).
+  /// MPI cannot free another process's wait short of MPI_Abort, so the other
+  /// ranks see this one fall silent and time out.
+  void abort(const std::string& reason) {
+    {
+      std::lock_guard g(abort_->m);
+      if (abort_->why.empty()) abort_->why = "rank " + std::to_string(rank_) + " aborted: " + reason;
+    }
+    abort_->set.store(true, std::memory_order_release);
+    calls_.fail("aborted: " + reason);
+  }
 
   /// Posts a send of `data` to `peer` with `tag`.
   request isend(std::span<const std::byte> data, int peer, int tag) {
@@ -329,6 +379,11 @@ private:
     const char* op = is_send ? "mpi.send" : "mpi.recv";
     GRADSYNC_REQUIRE(peer >= 0 && peer < size_, op, rank_,
             "peer " + std::to_string(peer) + " out of range [0, " + std::to_string(size_) + ")");
+    GRADSYNC_REQUIRE(tag >= 0 && tag <= tag_ub_, op, rank_,
+                     "tag " + std::to_string(tag) + " out of MPI's range [0, MPI_TAG_UB = " + std::to_string(tag_ub_) +
+                         "]", peer);
+    if (abort_->set.load(std::memory_order_acquire))
+      throw error(errc::aborted, op, rank_, peer, "aborted: " + abort_->reason());
     request r;
     r.op_ = op;
     r.rank_ = rank_;
@@ -336,6 +391,7 @@ private:
     r.recv_ = !is_send;
     r.upto_ = upto;
     r.timeout_ = timeout_;
+    r.abort_ = abort_;
     const std::size_t chunk = policy::mpi_max_message_bytes;
     std::size_t off = 0;
     do {
@@ -350,8 +406,13 @@ private:
     } while (off < n);
     return r;
   }
+  // A failed communicator's duplicate is retired, not freed: its failed
+  // call may have left messages in flight or unmatched, and MPICH recycles a
+  // freed communicator's context id, so a later duplicate would receive them
+  // as its own ("received 4 bytes where 1000 were posted"). One handle per
+  // failure is the price.
   void release() noexcept {
-    if (comm_ != MPI_COMM_NULL && detail::initialized()) MPI_Comm_free(&comm_);
+    if (comm_ != MPI_COMM_NULL && detail::initialized() && !calls_.failed()) MPI_Comm_free(&comm_);
     comm_ = MPI_COMM_NULL;
   }
   MPI_Comm comm_ = MPI_COMM_NULL;
@@ -359,12 +420,16 @@ private:
   std::vector<int> node_;
   node_shape_t shape_;
   std::chrono::milliseconds timeout_ = policy::default_timeout;
+  int tag_ub_ = 32767; // MPI_TAG_UB (the standard's minimum until queried)
+  call_record calls_;
+  std::shared_ptr<detail::abort_state> abort_ = std::make_shared<detail::abort_state>();
 };
 
 static_assert(transport<communicator>);
-static_assert(upto_receiver<communicator> && node_map<communicator> && timed<communicator>);
-// No abort: MPI cannot free another rank's blocked call short of MPI_Abort.
-static_assert(!abortable<communicator> && !shared_arena<communicator> && !device_memory<communicator> &&
+static_assert(upto_receiver<communicator> && node_map<communicator> && timed<communicator> && recorded<communicator>);
+// abort() frees this rank's blocked calls only (see there).
+static_assert(abortable<communicator>);
+static_assert(!shared_arena<communicator> && !device_memory<communicator> &&
               !stream_ordered<communicator>);
 
 /// RAII MPI lifetime for programs that want gradsync to manage it: initialises
@@ -377,8 +442,13 @@ public:
   explicit session(int required = MPI_THREAD_SERIALIZED) { init(nullptr, nullptr, required); }
   session(const session&) = delete;
   session& operator=(const session&) = delete;
+  /// Finalises MPI if this session initialised it. Left by an exception
+  /// (a failed collective, say), it aborts the job instead: MPI_Finalize
+  /// waits for every rank, and a rank that died or stopped never comes.
   ~session() {
-    if (owner_ && detail::initialized()) MPI_Finalize();
+    if (!owner_ || !detail::initialized()) return;
+    if (std::uncaught_exceptions() > 0) MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Finalize();
   }
   /// A communicator over all processes (a duplicate of MPI_COMM_WORLD).
   communicator world() const { return communicator(MPI_COMM_WORLD); }

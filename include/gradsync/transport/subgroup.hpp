@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <limits>
 #include <chrono>
 #include <concepts>
 #include <cstddef>
@@ -107,16 +108,16 @@ public:
   C& parent() const noexcept { return *parent_; }
 
   auto isend(std::span<const std::byte> data, int peer, int tag) {
-    return parent_->isend(data, to_parent(peer, "subgroup.send"), tag + shift_);
+    return parent_->isend(data, to_parent(peer, "subgroup.send"), shifted(tag, "subgroup.send"));
   }
   auto irecv(std::span<std::byte> data, int peer, int tag) {
-    return parent_->irecv(data, to_parent(peer, "subgroup.recv"), tag + shift_);
+    return parent_->irecv(data, to_parent(peer, "subgroup.recv"), shifted(tag, "subgroup.recv"));
   }
   /// Receive of up to `capacity.size()` bytes, when the parent has it.
   auto irecv_upto(std::span<std::byte> capacity, int peer, int tag)
     requires upto_receiver<C>
   {
-    return parent_->irecv_upto(capacity, to_parent(peer, "subgroup.recv"), tag + shift_);
+    return parent_->irecv_upto(capacity, to_parent(peer, "subgroup.recv"), shifted(tag, "subgroup.recv"));
   }
   /// Node of local rank `r`, when the parent knows nodes.
   int node_of(int r) const
@@ -144,6 +145,13 @@ public:
   }
 
 private:
+  int shifted(int tag, const char* op) const {
+    GRADSYNC_REQUIRE(shift_ >= 0 ? tag <= std::numeric_limits<int>::max() - shift_
+                                 : tag >= std::numeric_limits<int>::min() - shift_,
+                     op, rank_, "tag " + std::to_string(tag) + " + the view's shift " + std::to_string(shift_) +
+                                    " overflows int");
+    return tag + shift_;
+  }
   int to_parent(int peer, const char* op) const {
     GRADSYNC_REQUIRE(peer >= 0 && peer < size(), op, rank_,
             "peer " + std::to_string(peer) + " out of range [0, " + std::to_string(size()) + ")");

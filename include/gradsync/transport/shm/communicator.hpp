@@ -152,7 +152,7 @@ public:
     };
     auto seg = std::make_unique<detail::segment>();
     if (rank == 0) {
-      cleanup(); // a stale file of a crashed run
+      remove_stale(file); // a crashed run's file, and its segment if the creator is gone
       seg->create(size, detail::ring_bytes_for(size), policy::shm_arena_bytes);
       const auto tmp = dir / (".gradsync-shm." + seg->name().substr(10) + ".tmp");
       {
@@ -221,6 +221,9 @@ public:
   std::chrono::milliseconds timeout() const noexcept { return e_->timeout; }
   /// Name the segment had in /dev/shm (unlinked once every rank attached).
   const std::string& segment_name() const noexcept { return e_->segment_name(); }
+  /// The record of collective calls on this communicator (sequence numbers,
+  /// first failure: see core/call_record.hpp).
+  call_record& calls() noexcept { return calls_; }
 
   /// Posts a send of `data` to `peer`; complete once the bytes are in shared
   /// memory and the receiver has matched it.
@@ -373,8 +376,22 @@ private:
             "rank out of range [0, " + std::to_string(size) + ")");
   }
 
+  // A rendezvous file left by a run whose creator died: its segment is
+  // unlinked too (a kill -9 before every rank attached would leave it in
+  // /dev/shm), then the file goes.
+  static void remove_stale(const std::filesystem::path& file) {
+    {
+      std::ifstream f(file);
+      std::string nm;
+      int n = 0, pid = 0;
+      if (f >> nm >> n >> pid && !gradsync::detail::process_alive(pid) && nm.rfind("/gradsync-", 0) == 0)
+        ::shm_unlink(nm.c_str());
+    }
+    std::error_code ec;
+    std::filesystem::remove(file, ec);
+  }
   static void attach_from_file(detail::segment& seg, const std::filesystem::path& file, int rank, int size) {
-    const auto deadline = std::chrono::steady_clock::now() + policy::shm_attach_timeout;
+    const auto deadline = std::chrono::steady_clock::now() + detail::join_timeout(rank);
     std::string why = "no rendezvous file " + file.string() + " (is rank 0 running?)";
     errc kind = errc::timeout; // mismatch once the group found disagrees with this rank
     for (;;) {
@@ -389,6 +406,7 @@ private:
           kind = errc::mismatch;
         } else if (!gradsync::detail::process_alive(pid)) {
           why = "rendezvous file is stale (creator pid " + std::to_string(pid) + " is gone)";
+          if (nm.rfind("/gradsync-", 0) == 0) ::shm_unlink(nm.c_str()); // its segment would stay in /dev/shm
         } else if (auto r = seg.attach(nm, size, rank); !r.ok()) {
           why = r.why;
           if (r.kind == errc::mismatch) kind = r.kind;
@@ -416,11 +434,12 @@ private:
   std::shared_ptr<detail::engine> e_;
   detail::collective_arena arena_;
   std::shared_ptr<detail::registry> registry_;
+  call_record calls_;
 };
 
 static_assert(transport<communicator>);
 static_assert(upto_receiver<communicator> && shared_arena<communicator> && abortable<communicator> &&
-              timed<communicator> && shared_buffers<communicator>);
+              timed<communicator> && shared_buffers<communicator> && recorded<communicator>);
 static_assert(!node_map<communicator> && !device_memory<communicator> && !stream_ordered<communicator>);
 
 } // namespace gradsync::shm

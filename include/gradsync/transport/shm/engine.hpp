@@ -545,7 +545,17 @@ private:
       }
     }
     if (waited > timeout) {
-      fail(s, gradsync::detail::timed_out(timeout), errc::timeout);
+      // The peer we wait for may be live and itself waiting; a stopped rank
+      // is the one holding everyone up, so name it.
+      std::string stopped;
+      for (int q = 0; q < size_; ++q)
+        if (q != rank_ && gradsync::detail::process_stopped(seg_->slot(q).pid.load(std::memory_order_relaxed)))
+          stopped += (stopped.empty() ? "" : ", ") + std::string("rank ") + std::to_string(q) + " (pid " +
+                     std::to_string(seg_->slot(q).pid.load()) + ")";
+      fail(s,
+           gradsync::detail::timed_out(timeout) +
+               (stopped.empty() ? "" : "; " + stopped + " is stopped (SIGSTOP or a debugger) and holds the group up"),
+           errc::timeout);
       abandon_after_timeout(s);
     }
   }

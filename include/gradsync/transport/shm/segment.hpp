@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <new>
 #include <string>
@@ -24,6 +25,18 @@
 #include "layout.hpp"
 
 namespace gradsync::shm::detail {
+
+/// How long ranks wait for each other while joining: GRADSYNC_SHM_JOIN_TIMEOUT_MS
+/// (milliseconds, > 0) if set, else policy::shm_attach_timeout.
+inline std::chrono::milliseconds join_timeout(int rank) {
+  const char* v = std::getenv("GRADSYNC_SHM_JOIN_TIMEOUT_MS");
+  if (v == nullptr || *v == '\0') return policy::shm_attach_timeout;
+  char* end = nullptr;
+  const long long ms = std::strtoll(v, &end, 10);
+  GRADSYNC_REQUIRE(end != v && *end == '\0' && ms > 0, "shm.communicator", rank,
+                   std::string("GRADSYNC_SHM_JOIN_TIMEOUT_MS='") + v + "' is not a positive number of milliseconds");
+  return std::chrono::milliseconds(ms);
+}
 
 using gradsync::detail::process_alive;
 using gradsync::detail::sys_error;
@@ -184,16 +197,23 @@ inline void join(segment& seg, int rank, int size, const std::function<void()>& 
     h.unlinked.store(1, std::memory_order_release);
     return;
   }
-  const auto deadline = std::chrono::steady_clock::now() + policy::shm_attach_timeout;
+  const auto limit = join_timeout(rank);
+  const auto deadline = std::chrono::steady_clock::now() + limit;
   while (h.unlinked.load(std::memory_order_acquire) == 0) {
     if (std::chrono::steady_clock::now() > deadline) {
       ::shm_unlink(seg.name().c_str()); // leave nothing behind
       if (cleanup) cleanup();
       throw error(errc::timeout, "shm.attach", rank, -1,
                   "only " + std::to_string(h.attached.load()) + " of " + std::to_string(size) +
-                      " ranks attached within " +
-                      std::to_string(std::chrono::duration_cast<std::chrono::seconds>(policy::shm_attach_timeout).count()) +
-                      " s");
+                      " ranks attached within " + std::to_string(limit.count()) +
+                      " ms (GRADSYNC_SHM_JOIN_TIMEOUT_MS sets this)");
+    }
+    // The creator, dead before its own join (its slot still empty).
+    if (const int cp = h.creator_pid; cp != 0 && seg.slot(0).pid.load() == 0 && !process_alive(cp) &&
+                                      h.unlinked.load(std::memory_order_acquire) == 0) {
+      ::shm_unlink(seg.name().c_str());
+      if (cleanup) cleanup();
+      throw error(errc::peer_failed, "shm.attach", rank, 0, "rank 0 (pid " + std::to_string(cp) + ") died during setup");
     }
     for (int q = 0; q < size; ++q) { // a rank that died during setup
       const int pid = seg.slot(q).pid.load();

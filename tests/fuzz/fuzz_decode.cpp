@@ -4,9 +4,8 @@
 // may only return or throw gradsync::error; anything else (a crash, another
 // exception, a sanitizer report) is a finding.
 //
-// Built only with clang (tests/compress/meson.build, target fuzz_decode):
-//   CXX=clang++-14 meson setup build-fuzz -Dbuildtype=debug && ninja -C build-fuzz fuzz_decode
-//   ./build-fuzz/tests/compress/fuzz_decode -max_total_time=60
+// Built and run with clang by tests/fuzz/run_fuzz.py (meson test suite
+// 'fuzz': a bounded run on the seed corpus tests/fuzz/corpus/decode).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>

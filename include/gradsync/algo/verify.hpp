@@ -1,0 +1,222 @@
+// gradsync: call agreement. Before a collective moves data its ranks compare
+// fingerprints of the call (collective, count, dtype, op, root, algorithm,
+// codec, sequence number). One dissemination round (ceil(log2 p) steps of a
+// 16-byte message) carries the smallest and the largest fingerprint hash;
+// min is idempotent, so after the round every rank holds the same two
+// values. Equal: the call goes on. Unequal: every rank knows it, every rank
+// sends its fingerprint to every other, and every rank raises the same
+// errc::mismatch error naming the fields that differ and which ranks hold
+// which value (ranks with wrong counts would otherwise return wrong values
+// or time out one by one).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "../core/dtype.hpp"
+#include "../core/error.hpp"
+#include "../core/hash.hpp"
+#include "../core/ops.hpp"
+#include "options.hpp"
+#include "schedule.hpp"
+
+namespace gradsync {
+
+/// Which collective a fingerprint describes.
+enum class call_kind : std::uint8_t {
+  allreduce,
+  reduce_scatter,
+  allgather,
+  broadcast,
+  reduce,
+  barrier,
+  compressed_allreduce,
+  other, ///< a caller's own schedule (fingerprint_of with a name)
+};
+
+/// Name of a call kind ("allreduce", ...).
+constexpr const char* call_kind_name(call_kind k) noexcept {
+  switch (k) {
+  case call_kind::allreduce: return "allreduce";
+  case call_kind::reduce_scatter: return "reduce_scatter";
+  case call_kind::allgather: return "allgather";
+  case call_kind::broadcast: return "broadcast";
+  case call_kind::reduce: return "reduce";
+  case call_kind::barrier: return "barrier";
+  case call_kind::compressed_allreduce: return "compressed_allreduce";
+  case call_kind::other: return "other";
+  }
+  return "?";
+}
+
+/// What every rank must agree on for one collective call. Fields a
+/// collective does not have keep their defaults (no dtype, no op, root -1).
+struct call_fingerprint {
+  call_kind kind = call_kind::other;
+  std::uint8_t dt = 0;    ///< dtype id, 0: none
+  std::uint8_t op = 0xff; ///< op_kind, 0xff: none
+  algorithm algo = algorithm::automatic; ///< the schedule chosen (not `automatic` once chosen)
+  std::int32_t root = -1;
+  std::uint64_t count = 0;  ///< elements (per block for reduce_scatter / allgather)
+  std::uint64_t codec = 0;  ///< hash of the compression, 0: none
+  std::uint64_t seq = 0;    ///< this call's number among the communicator's calls on its tag
+
+  static constexpr std::size_t wire_bytes = 32;
+
+  /// FNV-1a over the wire form (equal fingerprints, equal hashes).
+  std::uint64_t hash() const noexcept {
+    std::byte w[wire_bytes];
+    write(w);
+    return gradsync::detail::fnv1a(gradsync::detail::fnv_basis, w, wire_bytes);
+  }
+  /// Fixed layout (byte order of the host: all ranks of a job share it).
+  void write(std::byte* w) const noexcept {
+    w[0] = static_cast<std::byte>(kind);
+    w[1] = static_cast<std::byte>(dt);
+    w[2] = static_cast<std::byte>(op);
+    w[3] = static_cast<std::byte>(algo);
+    std::memcpy(w + 4, &root, 4);
+    std::memcpy(w + 8, &count, 8);
+    std::memcpy(w + 16, &codec, 8);
+    std::memcpy(w + 24, &seq, 8);
+  }
+  static call_fingerprint read(const std::byte* w) noexcept {
+    call_fingerprint f;
+    f.kind = static_cast<call_kind>(w[0]);
+    f.dt = static_cast<std::uint8_t>(w[1]);
+    f.op = static_cast<std::uint8_t>(w[2]);
+    f.algo = static_cast<algorithm>(w[3]);
+    std::memcpy(&f.root, w + 4, 4);
+    std::memcpy(&f.count, w + 8, 8);
+    std::memcpy(&f.codec, w + 16, 8);
+    std::memcpy(&f.seq, w + 24, 8);
+    return f;
+  }
+};
+
+namespace algo::verify {
+
+namespace detail {
+
+// "0, 2-4, 7" of a sorted rank list.
+inline std::string rank_list(const std::vector<int>& r) {
+  std::string s;
+  for (std::size_t i = 0; i < r.size();) {
+    std::size_t j = i;
+    while (j + 1 < r.size() && r[j + 1] == r[j] + 1) ++j;
+    if (!s.empty()) s += ", ";
+    s += std::to_string(r[i]);
+    if (j > i) s += (j == i + 1 ? ", " : "-") + std::to_string(r[j]);
+    i = j + 1;
+  }
+  return s;
+}
+
+inline std::string field_value(const call_fingerprint& f, int field) {
+  switch (field) {
+  case 0: return call_kind_name(f.kind);
+  case 1: return std::to_string(f.count);
+  case 2: {
+    if (f.dt == 0) return "none";
+    const auto n = dtype_name(static_cast<dtype>(f.dt));
+    return n.empty() ? "dtype#" + std::to_string(f.dt) : std::string(n);
+  }
+  case 3: return f.op == 0xff ? "none" : std::string(op_name(static_cast<op_kind>(f.op)));
+  case 4: return std::to_string(f.root);
+  case 5: return std::string(algorithm_name(f.algo));
+  case 6: return f.codec == 0 ? "none" : "#" + std::to_string(f.codec);
+  default: return std::to_string(f.seq);
+  }
+}
+inline constexpr const char* field_names[] = {"collective", "count", "dtype", "op", "root", "algorithm", "codec",
+                                              "sequence number"};
+
+} // namespace detail
+
+/// One call in words, for error messages: "allreduce of 100 f32 (sum,
+/// ring, call 5 on its tag)".
+inline std::string describe(const call_fingerprint& f) {
+  std::string s = std::string(call_kind_name(f.kind)) + " of " + std::to_string(f.count);
+  if (f.dt != 0) s += " " + detail::field_value(f, 2);
+  s += " (";
+  if (f.op != 0xff) s += detail::field_value(f, 3) + ", ";
+  if (f.root >= 0) s += "root " + std::to_string(f.root) + ", ";
+  s += std::string(algorithm_name(f.algo)) + ", call " + std::to_string(f.seq) + " on its tag)";
+  return s;
+}
+
+/// The error text for fingerprints `all` (one per rank) that disagree: per
+/// differing field, which ranks hold which value. The same on every rank.
+inline std::string describe(std::span<const call_fingerprint> all) {
+  std::string s = "ranks disagree on the call:";
+  bool any = false;
+  for (int field = 0; field < 8; ++field) {
+    std::vector<std::pair<std::string, std::vector<int>>> groups; // value -> ranks, first seen first
+    for (std::size_t q = 0; q < all.size(); ++q) {
+      const std::string v = detail::field_value(all[q], field);
+      auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == v; });
+      if (it == groups.end()) groups.push_back({v, {static_cast<int>(q)}});
+      else it->second.push_back(static_cast<int>(q));
+    }
+    if (groups.size() < 2) continue;
+    s += std::string(any ? ";" : "") + " " + detail::field_names[field] + " differs (";
+    for (std::size_t g = 0; g < groups.size(); ++g)
+      s += (g ? "; " : "") + std::string(groups[g].second.size() > 1 ? "ranks " : "rank ") +
+           detail::rank_list(groups[g].second) + ": " + groups[g].first;
+    s += ")";
+    any = true;
+  }
+  if (!any) s += " (fingerprint hashes differ but no field does: ranks run different builds?)";
+  return s;
+}
+
+/// Checks that every rank of `c` makes the call `f` (tag `tag`, used by
+/// this check alone); returns when they all do, else throws the same
+/// errc::mismatch error on every rank, raised by `name`. All ranks must
+/// call it for the call (as they must call the collective).
+template <transport C> void agree(C& c, const call_fingerprint& f, int tag, const char* name) {
+  const int p = c.size(), r = c.rank();
+  if (p <= 1) return;
+  const std::uint64_t h = f.hash();
+  std::uint64_t lohi[2] = {h, h};
+  for (int d = 1; d < p; d *= 2) {
+    std::uint64_t out[2] = {lohi[0], lohi[1]}, in[2] = {0, 0};
+    auto rr = c.irecv(std::as_writable_bytes(std::span(in)), mod(r - d, p), tag);
+    auto sr = c.isend(std::as_bytes(std::span(out)), mod(r + d, p), tag);
+    rr.wait();
+    sr.wait();
+    lohi[0] = std::min(lohi[0], in[0]);
+    lohi[1] = std::max(lohi[1], in[1]);
+  }
+  if (lohi[0] == lohi[1]) return;
+  // Every rank saw the same min != max: all learn every fingerprint.
+  std::vector<std::byte> wire(call_fingerprint::wire_bytes * static_cast<std::size_t>(p));
+  f.write(wire.data() + call_fingerprint::wire_bytes * static_cast<std::size_t>(r));
+  using recv_t = decltype(c.irecv(std::span<std::byte>{}, 0, tag));
+  using send_t = decltype(c.isend(std::span<const std::byte>{}, 0, tag));
+  std::vector<recv_t> rs;
+  std::vector<send_t> ss;
+  const std::span<const std::byte> mine(wire.data() + call_fingerprint::wire_bytes * static_cast<std::size_t>(r),
+                                        call_fingerprint::wire_bytes);
+  for (int k = 1; k < p; ++k) {
+    const int q = mod(r - k, p);
+    rs.push_back(c.irecv(std::span(wire.data() + call_fingerprint::wire_bytes * static_cast<std::size_t>(q),
+                                   call_fingerprint::wire_bytes),
+                         q, tag));
+  }
+  for (int k = 1; k < p; ++k) ss.push_back(c.isend(mine, mod(r + k, p), tag));
+  for (auto& x : rs) x.wait();
+  for (auto& x : ss) x.wait();
+  std::vector<call_fingerprint> all;
+  for (int q = 0; q < p; ++q)
+    all.push_back(call_fingerprint::read(wire.data() + call_fingerprint::wire_bytes * static_cast<std::size_t>(q)));
+  throw error(errc::mismatch, name, r, -1, describe(all));
+}
+
+} // namespace algo::verify
+} // namespace gradsync
