@@ -8,8 +8,10 @@
 # network namespaces when run as root: bench/netrig.sh); tensor fusion; the
 # codecs; last, bench/auto_check.py's tables (per size, auto
 # against the best fixed algorithm) and bench/versus.py's (ring and shm
-# against MPI's own allreduce, busbw against the memcpy limit).
-# Usage: bench/suite.sh [BUILD_DIR]   (tables on stdout; JSON lines in BUILD_DIR/bench-results)
+# against MPI's own allreduce, busbw against the memcpy limit); bench/plot.py's
+# PNGs of all of it.
+# Usage: bench/suite.sh [BUILD_DIR]   (tables on stdout; JSON lines in BUILD_DIR/bench-results,
+# plots in BUILD_DIR/bench-results/plots)
 set -euo pipefail
 build=${1:-build-bench}
 bench="$build/bench/gradsync-bench"
@@ -78,5 +80,11 @@ if command -v python3 >/dev/null; then
     # shellcheck disable=SC2086 # each entry is: OURS THEIRS FILE...
     run python3 "$(dirname "$0")/versus.py" $v
   done
+fi
+# PNG plots of every JSON file (bench/plot.py; needs matplotlib).
+if command -v python3 >/dev/null && python3 -c "import matplotlib" 2>/dev/null; then
+  run python3 "$(dirname "$0")/plot.py" "$out/plots" "$out"/*.json
+else
+  echo; echo "# plots: skipped (python3-matplotlib not installed)"
 fi
 echo; echo "JSON results in $out"
