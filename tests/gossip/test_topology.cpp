@@ -249,3 +249,16 @@ TEST_CASE("topology: SLEM against closed-form spectra") {
   // Star with MH weights: eigenvalues 1, 1 - 1/p (p - 2 times), 0 for p >= 3.
   CHECK(slem(star(6)) == doctest::Approx(1 - 1.0 / 6).epsilon(1e-6));
 }
+
+TEST_CASE("topology: built-in graphs by name") {
+  CHECK(named("ring", 6).name() == "ring");
+  CHECK(matrix_of(named("ring:mh", 6), 0) == matrix_of(ring(6, weighting::metropolis_hastings), 0));
+  CHECK(matrix_of(named("torus", 12), 0) == matrix_of(torus(3, 4), 0)); // rows: the largest divisor <= sqrt p
+  CHECK(matrix_of(named("torus:2x6", 12), 0) == matrix_of(torus(2, 6), 0));
+  CHECK(named("one_peer", 8).period() == 3);
+  CHECK(matrix_of(named("star:uniform", 5), 0) == matrix_of(star(5, weighting::uniform), 0));
+  CHECK_THROWS_WITH_AS(named("torus:2x5", 12), doctest::Contains("has 10 ranks, not 12"), error);
+  CHECK_THROWS_WITH_AS(named("torus:2y5", 10), doctest::Contains("expected torus:ROWSxCOLS"), error);
+  CHECK_THROWS_WITH_AS(named("tours", 4), doctest::Contains("unknown topology 'tours'"), error);
+  CHECK_THROWS_WITH_AS(named("hypercube", 6), doctest::Contains("power-of-two"), error);
+}

@@ -512,3 +512,51 @@ inline double slem(const graph& g, int iterations = 4000) {
 }
 
 } // namespace gradsync::gossip
+
+namespace gradsync::gossip {
+
+/// Names `named` accepts, for help texts.
+inline constexpr const char* topology_help =
+    "ring, ring:mh, directed_ring, torus (rows ~ sqrt p), torus:RxC, hypercube, exponential, one_peer "
+    "(one-peer dynamic exponential), full, star, star:uniform";
+
+/// A built-in topology on p ranks by name (configuration files, command
+/// lines); throws gradsync::error listing the names for an unknown one.
+inline graph named(const std::string& spec, int p) {
+  const char* op = "gossip::named";
+  if (spec == "ring") return ring(p);
+  if (spec == "ring:mh") return ring(p, weighting::metropolis_hastings);
+  if (spec == "directed_ring") return directed_ring(p);
+  if (spec == "hypercube") return hypercube(p);
+  if (spec == "exponential") return exponential(p);
+  if (spec == "one_peer" || spec == "one_peer_exponential") return one_peer_exponential(p);
+  if (spec == "full") return full(p);
+  if (spec == "star") return star(p);
+  if (spec == "star:uniform") return star(p, weighting::uniform);
+  if (spec == "torus") {
+    int rows = 1;
+    for (int d = 1; d * d <= p; ++d)
+      if (p % d == 0) rows = d;
+    return torus(rows, p / rows);
+  }
+  if (spec.rfind("torus:", 0) == 0) {
+    const std::string dims = spec.substr(6);
+    const auto x = dims.find('x');
+    int rows = 0, cols = 0;
+    try {
+      std::size_t a = 0, b = 0;
+      rows = std::stoi(dims.substr(0, x), &a);
+      cols = x == std::string::npos ? 0 : std::stoi(dims.substr(x + 1), &b);
+      if (a != x || b != dims.size() - x - 1) rows = 0;
+    } catch (const std::exception&) {
+      rows = 0;
+    }
+    GRADSYNC_REQUIRE(rows > 0 && cols > 0, op, -1, "'" + spec + "': expected torus:ROWSxCOLS");
+    GRADSYNC_REQUIRE(rows * cols == p, op, -1,
+                     "'" + spec + "' has " + std::to_string(rows * cols) + " ranks, not " + std::to_string(p));
+    return torus(rows, cols);
+  }
+  throw error(op, -1, -1, "unknown topology '" + spec + "' (" + topology_help + ")");
+}
+
+} // namespace gradsync::gossip
