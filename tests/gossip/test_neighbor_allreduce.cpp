@@ -238,6 +238,11 @@ TEST_CASE("neighbor_allreduce: caller workspace, argument checks") {
     std::vector<std::byte> small(4);
     o.collective.workspace = small;
     CHECK_THROWS_WITH_AS(neighbor_allreduce(c, std::span<float>(x), g, 0, o), doctest::Contains("workspace"), error);
+    // A global-averaging step ignores the exchange's workspace.
+    o.global_every = 1;
+    std::vector<float> y(10, static_cast<float>(c.rank()));
+    neighbor_allreduce(c, std::span<float>(y), g, 0, o);
+    CHECK(y[9] == 1.5f);
     CHECK_THROWS_WITH_AS(neighbor_allreduce(c, std::span<float>(x), ring(5), 0), doctest::Contains("spans 5 ranks"), error);
   });
 }

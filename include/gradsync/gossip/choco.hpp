@@ -84,7 +84,7 @@ round_report choco_gossip(C& c, std::span<T> x, const graph& g, choco_state<T>& 
   round_report rep;
   compress::with_codec<T>(z.codec, n, [&](const auto& k, auto state) {
     if (o.global_step(round)) { // after the spec is checked, so a bad codec fails on every round
-      allreduce(c, x, op::avg{}, o.collective);
+      allreduce(c, x, op::avg{}, o.dense());
       rep.global = true;
       return;
     }

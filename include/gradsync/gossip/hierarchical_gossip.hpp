@@ -48,12 +48,12 @@ round_report hierarchical_neighbor_allreduce(C& c, E& ex, std::span<T> x, const 
   validate(leaders, groups.count(), property::row_stochastic, name, r);
   gradsync::detail::check_span(x, name, r, "data");
   if (o.global_step(step)) {
-    allreduce(c, ex, x, op::avg{}, o.collective);
+    allreduce(c, ex, x, op::avg{}, o.dense());
     return {0, true};
   }
   const int mine = groups.group_of[static_cast<std::size_t>(r)];
   subgroup<C> local(c, groups.members[static_cast<std::size_t>(mine)], 0);
-  allreduce(local, ex, x, op::avg{}, o.collective);
+  allreduce(local, ex, x, op::avg{}, o.dense());
   round_report rep;
   if (local.rank() == 0) {
     std::vector<int> heads;
@@ -64,7 +64,7 @@ round_report hierarchical_neighbor_allreduce(C& c, E& ex, std::span<T> x, const 
     inner.collective.timeout = {};
     rep = neighbor_allreduce(top, ex, x, leaders, step, inner);
   }
-  broadcast(local, ex, x, 0, o.collective);
+  broadcast(local, ex, x, 0, o.dense());
   return rep;
 }
 

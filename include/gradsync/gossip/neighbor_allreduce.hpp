@@ -46,7 +46,7 @@ round_report neighbor_allreduce(C& c, E& ex, std::span<T> x, const graph& g, std
   validate(g, c.size(), property::row_stochastic, name, r);
   gradsync::detail::check_span(x, name, r, "data");
   if (o.global_step(step)) {
-    allreduce(c, ex, x, op::avg{}, o.collective);
+    allreduce(c, ex, x, op::avg{}, o.dense());
     return {0, true};
   }
   const mixing& m = g.at(step);

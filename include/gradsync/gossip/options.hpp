@@ -20,6 +20,15 @@ struct gossip_options {
   /// round, which bounds the consensus distance on slowly mixing graphs.
   std::uint64_t global_every = 0;
 
+  /// The options of the collectives a gossip operation runs (global
+  /// averaging, the allreduce and broadcast inside a node): `collective`
+  /// without the workspace, which is sized for the exchange.
+  gradsync::options dense() const {
+    gradsync::options o = collective;
+    o.workspace = {};
+    return o;
+  }
+
   /// Whether `step` is a global-averaging step.
   constexpr bool global_step(std::uint64_t step) const noexcept {
     return global_every > 0 && (step + 1) % global_every == 0;

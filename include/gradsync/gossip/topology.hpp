@@ -375,7 +375,8 @@ inline void validate(const graph& g, int ranks, property need, const char* op, i
                    "topology '" + n + "' changes every step (period " + std::to_string(g.period()) +
                        "); this operation needs a static topology");
   const auto p = static_cast<std::size_t>(ranks);
-  std::vector<std::vector<char>> reach(p, std::vector<char>(p, 0)); // union graph: j -> i
+  const bool connect = has(need, property::strongly_connected) && p > 1;
+  std::vector<std::vector<char>> reach(connect ? p : 0, std::vector<char>(connect ? p : 0, 0)); // union graph: j -> i
   for (std::size_t t = 0; t < g.period(); ++t) {
     const mixing& m = g.at(t);
     GRADSYNC_REQUIRE(m.size() == ranks, op, rank, "topology '" + n + "' step " + std::to_string(t) + " has " +
@@ -401,7 +402,7 @@ inline void validate(const graph& g, int ranks, property need, const char* op, i
                              " is not positive and finite");
         sum += e.weight;
         col[static_cast<std::size_t>(e.peer)] += e.weight;
-        reach[static_cast<std::size_t>(i)][static_cast<std::size_t>(e.peer)] = 1;
+        if (connect) reach[static_cast<std::size_t>(i)][static_cast<std::size_t>(e.peer)] = 1;
       }
       GRADSYNC_REQUIRE(!has(need, property::row_stochastic) || std::abs(sum - 1) <= weight_tolerance, op, rank,
                        row() + ": weights sum to " + std::to_string(sum) + ", not 1 (the mixing matrix must be row-stochastic)");
@@ -423,7 +424,7 @@ inline void validate(const graph& g, int ranks, property need, const char* op, i
                              " column " + std::to_string(j) + ": weights sum to " + std::to_string(col[j]) +
                              ", not 1 (this operation needs a column-stochastic matrix)");
   }
-  if (has(need, property::strongly_connected) && p > 1) {
+  if (connect) {
     // Every rank must reach rank 0 and be reached from it in the union graph.
     for (int dir = 0; dir < 2; ++dir) {
       std::vector<char> hit(p, 0);
