@@ -59,6 +59,16 @@ std::string human_bytes(std::size_t b) {
   return out;
 }
 
+std::vector<std::string> split_commas(std::string_view list) {
+  std::vector<std::string> out;
+  for (std::size_t at = 0; at <= list.size();) {
+    const std::size_t comma = std::min(list.find(',', at), list.size());
+    out.emplace_back(list.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return out;
+}
+
 std::vector<std::size_t> size_sweep(std::size_t min, std::size_t max, std::size_t factor) {
   if (min == 0) throw std::invalid_argument("-b must be at least 1 byte");
   if (min > max)

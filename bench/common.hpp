@@ -24,6 +24,10 @@ std::size_t parse_bytes(std::string_view s, std::string_view what);
 /// "64 MiB", "8 B", "1.5 KiB": a byte count for humans.
 std::string human_bytes(std::size_t b);
 
+/// The entries of a comma-separated list ("a,b,c"), empty entries kept
+/// (callers reject them with their own option's name).
+std::vector<std::string> split_commas(std::string_view list);
+
 /// Sizes of a sweep: min, min*factor, ... up to max (max itself is included
 /// even when the factor steps over it).
 std::vector<std::size_t> size_sweep(std::size_t min, std::size_t max, std::size_t factor);

@@ -372,11 +372,9 @@ int fusion_main(std::string_view, int argc, char** argv) {
   if (!solo.empty()) cfg.eo.solo_bytes = parse_bytes(solo, "--solo");
   if (!parse_algorithm(algo, cfg.algo)) throw std::invalid_argument("-a: unknown algorithm '" + algo + "'");
   cfg.workloads.clear();
-  for (std::size_t at = 0; at <= workloads.size();) {
-    const std::size_t comma = std::min(workloads.find(',', at), workloads.size());
-    cfg.workloads.push_back(workloads.substr(at, comma - at));
-    make_workload(cfg.workloads.back(), cfg); // validates the name
-    at = comma + 1;
+  for (const std::string& name : split_commas(workloads)) {
+    cfg.workloads.push_back(name);
+    make_workload(name, cfg); // validates the name
   }
   if (!codec.empty()) {
     compression z{.codec = compress::parse_spec(codec)};

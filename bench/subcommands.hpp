@@ -7,6 +7,14 @@
 
 #include <string_view>
 
+#define GRADSYNC_BENCH_GOSSIP(X)                                                                   \
+  X("gossip", gossip_main, "gossip rounds per topology vs the best allreduce; consensus error after R rounds")
+
+// A simulator build (bench/sim/build.sh: SimGrid's smpicxx, main.cpp +
+// common.cpp + gossip.cpp) defines GRADSYNC_BENCH_GOSSIP_ONLY.
+#if defined(GRADSYNC_BENCH_GOSSIP_ONLY)
+#define GRADSYNC_BENCH_SUBCOMMANDS(X) GRADSYNC_BENCH_GOSSIP(X)
+#else
 #define GRADSYNC_BENCH_SUBCOMMANDS(X)                                                              \
   X("allreduce", collective_main, "allreduce: every rank gets the reduction (busbw 2(n-1)/n)")     \
   X("reduce_scatter", collective_main, "reduce-scatter: rank r gets block r (busbw (n-1)/n)")      \
@@ -14,7 +22,9 @@
   X("broadcast", collective_main, "broadcast from rank 0 (busbw 1)")                               \
   X("reduce", collective_main, "reduce to rank 0 (busbw 1)")                                      \
   X("compress", compress_main, "gradient codecs: encode/decode GB/s, ratio, error vs memcpy")      \
-  X("fusion", fusion_main, "tensor fusion: many tensors fused (engine, grouped) vs one allreduce each")
+  X("fusion", fusion_main, "tensor fusion: many tensors fused (engine, grouped) vs one allreduce each") \
+  GRADSYNC_BENCH_GOSSIP(X)
+#endif
 
 namespace gradsync::bench {
 #define GRADSYNC_BENCH_DECLARE(name, fn, summary) int fn(std::string_view, int, char**);
