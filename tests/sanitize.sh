@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The suites most exposed to memory and threading bugs, rebuilt and run under
-# sanitizers (part of README's test command): ASan+UBSan over validation,
-# call agreement, codecs' hostile-payload tests, fusion and the transports;
+# sanitizers (part of README's test command): ASan+UBSan over call
+# agreement, codecs' hostile-payload tests, fusion and the transports;
 # TSan over the threaded ones (inproc ranks are threads, the fusion engine
 # has a progress thread). Each build holds only these targets.
 set -euo pipefail
@@ -18,11 +18,8 @@ run() { # DIR SANITIZE "test:target ..."
 }
 
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-run build-asan address,undefined "algo_verify:tests/algo/algo_verify algo_validation:tests/algo/algo_validation
-  compress_bounds:tests/compress/test_compress_bounds compress_corrupt:tests/compress/test_compress_corrupt
-  compress_powersgd:tests/compress/test_compress_powersgd compress_topk:tests/compress/test_compress_topk
-  fusion_engine:tests/fusion/fusion_engine transport_inproc:tests/transport/transport_inproc
-  transport_shm:tests/transport/transport_shm"
+run build-asan address,undefined "algo_verify:tests/algo/algo_verify compress_bounds:tests/compress/test_compress_bounds
+  compress_corrupt:tests/compress/test_compress_corrupt fusion_engine:tests/fusion/fusion_engine
+  transport_inproc:tests/transport/transport_inproc transport_shm:tests/transport/transport_shm"
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
-run build-tsan thread "transport_inproc:tests/transport/transport_inproc fusion_engine:tests/fusion/fusion_engine
-  algo_verify:tests/algo/algo_verify"
+run build-tsan thread "transport_inproc:tests/transport/transport_inproc fusion_engine:tests/fusion/fusion_engine"
