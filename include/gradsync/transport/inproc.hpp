@@ -356,7 +356,9 @@ template <class Fn> void run(int ranks, Fn&& fn) {
       fn(c);
     } catch (const error& e) {
       errs[static_cast<std::size_t>(r)] = std::current_exception();
-      secondary[static_cast<std::size_t>(r)] = w->aborted() && e.reason().rfind("aborted: ", 0) == 0;
+      // a consequence of another rank's failure (kind aborted, whether the
+      // transport raised it or a collective re-raised it as its own)
+      secondary[static_cast<std::size_t>(r)] = w->aborted() && e.kind() == errc::aborted;
       w->abort("rank " + std::to_string(r) + " failed: " + e.what());
     } catch (const std::exception& e) {
       errs[static_cast<std::size_t>(r)] = std::current_exception();
