@@ -572,7 +572,7 @@ TEST_CASE("engine: a failed bucket fails every handle in it on every rank; the e
       } catch (const error& e) {
         if (r == 1) {
           CHECK(e.kind() == errc::internal);
-          CHECK(e.reason() == "injected failure");
+          CHECK(e.reason().find("injected failure") != std::string::npos); // re-raised by the collective with the call
         } else {
           CHECK(e.kind() == errc::aborted);
         }

@@ -244,7 +244,7 @@ TEST_CASE("point to point: polling, and receive sizes that do not match the send
 }
 
 static_assert(upto_receiver<mpi::communicator> && node_map<mpi::communicator> && timed<mpi::communicator>);
-static_assert(!abortable<mpi::communicator> && !shared_arena<mpi::communicator>);
+static_assert(abortable<mpi::communicator> && recorded<mpi::communicator> && !shared_arena<mpi::communicator>);
 static_assert(detail::subgroup_forwards<mpi::communicator>);
 
 namespace {
