@@ -107,11 +107,7 @@ namespace detail {
 // Hash of everything in a compression that ranks must agree on (equal
 // compressions, equal hashes; never 0, which fingerprints read as none).
 inline std::uint64_t compression_hash(const compression& z) {
-  std::uint64_t h = fnv1a(fnv_basis, z.codec.name);
-  for (const auto& [k, v] : z.codec.params) {
-    h = fnv1a(fnv1a(h, k), '=');
-    h = fnv1a(fnv1a(h, v), ',');
-  }
+  std::uint64_t h = compress::spec_hash(fnv_basis, z.codec);
   h = fnv1a(h, z.mode);
   h = fnv1a(h, z.error_feedback);
   h = fnv1a(h, z.algo);

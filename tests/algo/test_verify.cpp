@@ -4,6 +4,7 @@
 // fails fast; waits that time out name the collective; bad tags and
 // oversized grid rows are refused or handled.
 #include "harness.hpp"
+#include "mismatch.hpp"
 
 #include <array>
 #include <climits>
@@ -18,43 +19,11 @@ using gradsync::test::collective;
 using gradsync::test::implements;
 using gradsync::test::selected_algorithms;
 using inproc::communicator;
+using gradsync::test::contains;
+using gradsync::test::expect_same_mismatch;
+using gradsync::test::run_each;
+using gradsync::test::seen;
 using namespace std::chrono_literals;
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-// What one rank saw: nothing, or a gradsync::error (kind, op, reason).
-struct seen {
-  bool threw = false;
-  errc kind = errc::internal;
-  std::string op, reason;
-};
-
-// Runs body on p ranks, each catching its own gradsync::error.
-std::vector<seen> run_each(int p, const std::function<void(communicator&)>& body,
-                           std::chrono::milliseconds timeout = 20s) {
-  std::vector<seen> out(static_cast<std::size_t>(p));
-  inproc::run(p, [&](communicator& c) {
-    c.set_timeout(timeout);
-    try {
-      body(c);
-    } catch (const error& e) {
-      out[static_cast<std::size_t>(c.rank())] = {true, e.kind(), e.op(), e.reason()};
-    }
-  });
-  return out;
-}
-
-// Every rank raised the same mismatch error from `op`, containing `part`.
-void expect_same_mismatch(const std::vector<seen>& s, const std::string& op, const std::string& part) {
-  for (std::size_t q = 0; q < s.size(); ++q) {
-    INFO("rank " << q << ": " << s[q].op << ": " << s[q].reason);
-    REQUIRE(s[q].threw);
-    CHECK(s[q].kind == errc::mismatch);
-    CHECK(s[q].op == op);
-    CHECK(s[q].reason == s[0].reason);
-    CHECK(contains(s[q].reason, part));
-  }
-}
 
 options verified(algorithm a) {
   options o;

@@ -52,7 +52,7 @@ def install(src, tmp):
     """meson setup + meson install --destdir of SRC (headers, .pc, CMake config); returns the prefix as staged."""
     build, root, prefix = os.path.join(tmp, "gs-build"), os.path.join(tmp, "root"), "/usr/local"
     sh("meson", "setup", build, src, f"--prefix={prefix}", "-Dtests=false", "-Dbench=false", "-Dexamples=false",
-       "-Dcuda=disabled", "-Dmpi=disabled")
+       "-Dcuda=disabled", "-Dmpi=disabled", "-Dtorch=disabled")
     sh("meson", "install", "-C", build, "--destdir", root, "--quiet")
     return root, root + prefix
 

@@ -36,8 +36,17 @@ enum class call_kind : std::uint8_t {
   reduce,
   barrier,
   compressed_allreduce,
+  neighbor_allreduce, ///< gossip: codec holds the hash of the step's mixing matrix
+  push_sum,           ///< gossip, as neighbor_allreduce
+  choco_gossip,       ///< gossip: codec hashes the mixing matrix, codec, gamma and seed
   other, ///< a caller's own schedule (fingerprint_of with a name)
 };
+
+/// Whether a call kind is a gossip operation (its fingerprint's codec field
+/// holds the topology of the step; it has no algorithm).
+constexpr bool is_gossip(call_kind k) noexcept {
+  return k == call_kind::neighbor_allreduce || k == call_kind::push_sum || k == call_kind::choco_gossip;
+}
 
 /// Name of a call kind ("allreduce", ...).
 constexpr const char* call_kind_name(call_kind k) noexcept {
@@ -49,6 +58,9 @@ constexpr const char* call_kind_name(call_kind k) noexcept {
   case call_kind::reduce: return "reduce";
   case call_kind::barrier: return "barrier";
   case call_kind::compressed_allreduce: return "compressed_allreduce";
+  case call_kind::neighbor_allreduce: return "neighbor_allreduce";
+  case call_kind::push_sum: return "push_sum";
+  case call_kind::choco_gossip: return "choco_gossip";
   case call_kind::other: return "other";
   }
   return "?";
@@ -63,7 +75,7 @@ struct call_fingerprint {
   algorithm algo = algorithm::automatic; ///< the schedule chosen (not `automatic` once chosen)
   std::int32_t root = -1;
   std::uint64_t count = 0;  ///< elements (per block for reduce_scatter / allgather)
-  std::uint64_t codec = 0;  ///< hash of the compression, 0: none
+  std::uint64_t codec = 0;  ///< hash of the compression (gossip: of the topology too), 0: none
   std::uint64_t seq = 0;    ///< this call's number among the communicator's calls on its tag
 
   static constexpr std::size_t wire_bytes = 32;
@@ -146,7 +158,8 @@ inline std::string describe(const call_fingerprint& f) {
   s += " (";
   if (f.op != 0xff) s += detail::field_value(f, 3) + ", ";
   if (f.root >= 0) s += "root " + std::to_string(f.root) + ", ";
-  s += std::string(algorithm_name(f.algo)) + ", call " + std::to_string(f.seq) + " on its tag)";
+  if (!is_gossip(f.kind)) s += std::string(algorithm_name(f.algo)) + ", ";
+  s += "call " + std::to_string(f.seq) + " on its tag)";
   return s;
 }
 
@@ -155,6 +168,7 @@ inline std::string describe(const call_fingerprint& f) {
 inline std::string describe(std::span<const call_fingerprint> all) {
   std::string s = "ranks disagree on the call:";
   bool any = false;
+  const bool gossip = std::any_of(all.begin(), all.end(), [](const call_fingerprint& f) { return is_gossip(f.kind); });
   for (int field = 0; field < 8; ++field) {
     std::vector<std::pair<std::string, std::vector<int>>> groups; // value -> ranks, first seen first
     for (std::size_t q = 0; q < all.size(); ++q) {
@@ -164,7 +178,8 @@ inline std::string describe(std::span<const call_fingerprint> all) {
       else it->second.push_back(static_cast<int>(q));
     }
     if (groups.size() < 2) continue;
-    s += std::string(any ? ";" : "") + " " + detail::field_names[field] + " differs (";
+    const char* label = field == 6 && gossip ? "topology, step or codec" : detail::field_names[field];
+    s += std::string(any ? ";" : "") + " " + label + " differs (";
     for (std::size_t g = 0; g < groups.size(); ++g)
       s += (g ? "; " : "") + std::string(groups[g].second.size() > 1 ? "ranks " : "rank ") +
            detail::rank_list(groups[g].second) + ": " + groups[g].first;

@@ -25,6 +25,7 @@
 #include <string_view>
 
 #include "../core/error.hpp"
+#include "../core/hash.hpp"
 #include "approx_topk.hpp"
 #include "blockwise.hpp"
 #include "cast.hpp"
@@ -114,6 +115,17 @@ struct spec {
   }
   friend bool operator==(const spec& a, const spec& b) { return a.name == b.name && a.params == b.params; }
 };
+
+/// Folds a spec's name and parameters into hash `h` (equal specs, equal
+/// hashes; what ranks compare to agree on a codec).
+inline std::uint64_t spec_hash(std::uint64_t h, const spec& s) {
+  h = gradsync::detail::fnv1a(h, s.name);
+  for (const auto& [k, v] : s.params) {
+    h = gradsync::detail::fnv1a(gradsync::detail::fnv1a(h, k), '=');
+    h = gradsync::detail::fnv1a(gradsync::detail::fnv1a(h, v), ',');
+  }
+  return h;
+}
 
 /// Parses NAME[:key=value,key=value] (the codec itself is checked by with_codec).
 inline spec parse_spec(std::string_view text) {

@@ -103,7 +103,11 @@ round_report choco_gossip(C& c, std::span<T> x, const graph& g, choco_state<T>& 
     const std::size_t bytes = k.encode(std::span<const T>(st.diff), state, st.workspace, st.payload);
     const lane l{std::span<const std::byte>(st.payload.data(), bytes), st.received.data(), cap, o.collective.tag, true};
     received_sizes sizes;
-    rep.bytes_sent = exchange(c, m, std::span<const lane>(&l, 1), &sizes);
+    std::uint64_t extra = compress::spec_hash(gradsync::detail::fnv_basis, z.codec);
+    extra = gradsync::detail::fnv1a(gradsync::detail::fnv1a(extra, z.gamma), z.seed);
+    gradsync::detail::run_call(c, name, detail::round_fingerprint<T>(call_kind::choco_gossip, n, m, round, extra),
+                               n * sizeof(T), o.collective,
+                               [&] { rep.bytes_sent = exchange(c, m, std::span<const lane>(&l, 1), &sizes); });
     // Own q: the copy every neighbour decodes from the same payload.
     const auto accumulate = [&](std::span<const std::byte> p, double w, bool own) {
       std::fill(st.q.begin(), st.q.end(), A(0));

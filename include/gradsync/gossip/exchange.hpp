@@ -13,6 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "../algo/verify.hpp"
+#include "../core/dtype.hpp"
+#include "../core/hash.hpp"
 #include "../transport/capabilities.hpp"
 #include "../transport/transport.hpp"
 #include "topology.hpp"
@@ -29,6 +32,23 @@ struct lane {
   int tag = 0;
   bool upto = false;
 };
+
+namespace detail {
+// The fingerprint of a gossip round over `count` elements of T: the codec
+// field folds the step's matrix, the step number and `extra` (a codec's
+// parameters), so ranks on different graphs, steps or codecs disagree.
+template <class T>
+call_fingerprint round_fingerprint(call_kind k, std::size_t count, const mixing& m, std::uint64_t step,
+                                   std::uint64_t extra = 0) {
+  call_fingerprint f;
+  f.kind = k;
+  f.dt = static_cast<std::uint8_t>(dtype_traits<T>::id);
+  f.count = count;
+  const std::uint64_t h = gradsync::detail::fnv1a(gradsync::detail::fnv1a(m.hash(), step), extra);
+  f.codec = h ? h : 1;
+  return f;
+}
+} // namespace detail
 
 /// Bytes received per lane and in-neighbour (only filled for `upto` lanes).
 using received_sizes = std::vector<std::vector<std::size_t>>;

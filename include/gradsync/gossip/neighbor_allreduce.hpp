@@ -57,8 +57,11 @@ round_report neighbor_allreduce(C& c, E& ex, std::span<T> x, const graph& g, std
   const lane l{std::as_bytes(std::span<const T>(x)), reinterpret_cast<std::byte*>(ws.data()), n * sizeof(T),
                o.collective.tag, false};
   round_report rep;
-  rep.bytes_sent = exchange(c, m, std::span<const lane>(&l, 1));
-  combine_neighbors(ex, m, r, x.data(), ws.data(), n);
+  gradsync::detail::run_call(c, name, detail::round_fingerprint<T>(call_kind::neighbor_allreduce, n, m, step),
+                             n * sizeof(T), o.collective, [&] {
+                               rep.bytes_sent = exchange(c, m, std::span<const lane>(&l, 1));
+                               combine_neighbors(ex, m, r, x.data(), ws.data(), n);
+                             });
   return rep;
 }
 

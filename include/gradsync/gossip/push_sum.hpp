@@ -66,8 +66,11 @@ round_report push_sum(C& c, E& ex, std::span<T> x, double& weight, const graph& 
       {std::as_bytes(std::span<const double>(&mine, 1)), reinterpret_cast<std::byte*>(weights.data()), sizeof(double),
        o.collective.tag + 1, false}};
   round_report rep;
-  rep.bytes_sent = exchange(c, m, std::span<const lane>(lanes));
-  combine_neighbors(ex, m, r, x.data(), ws.data(), n);
+  gradsync::detail::run_call(c, name, detail::round_fingerprint<T>(call_kind::push_sum, n, m, step), n * sizeof(T),
+                             o.collective, [&] {
+                               rep.bytes_sent = exchange(c, m, std::span<const lane>(lanes));
+                               combine_neighbors(ex, m, r, x.data(), ws.data(), n);
+                             });
   weight = combine_scalar(m, r, mine, weights.data());
   ex.copy(estimate.data(), x.data(), n);
   ex.axpby(estimate.data(), 0.0, x.data(), 1.0 / weight, n);

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "../core/error.hpp"
+#include "../core/hash.hpp"
 
 namespace gradsync::gossip {
 
@@ -57,6 +58,11 @@ public:
       for (const edge& e : rows_[i])
         if (e.peer >= 0 && static_cast<std::size_t>(e.peer) < cols_.size())
           cols_[static_cast<std::size_t>(e.peer)].push_back({static_cast<int>(i), e.weight});
+    hash_ = gradsync::detail::fnv1a(gradsync::detail::fnv_basis, rows_.size());
+    for (std::size_t i = 0; i < rows_.size(); ++i) {
+      hash_ = gradsync::detail::fnv1a(hash_, i < self_.size() ? self_[i] : -1.0);
+      for (const edge& e : rows_[i]) hash_ = gradsync::detail::fnv1a(gradsync::detail::fnv1a(hash_, e.peer), e.weight);
+    }
   }
   int size() const noexcept { return static_cast<int>(rows_.size()); }
   /// W[i][i].
@@ -82,9 +88,14 @@ public:
     }
   }
 
+  /// FNV-1a of the whole matrix (ranks, self weights, rows in order): equal
+  /// matrices, equal hashes; what gossip calls' fingerprints compare.
+  std::uint64_t hash() const noexcept { return hash_; }
+
 private:
   std::vector<double> self_;
   std::vector<std::vector<edge>> rows_, cols_;
+  std::uint64_t hash_ = 0;
 };
 
 /// How weights are derived from an unweighted graph.
