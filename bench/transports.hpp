@@ -74,11 +74,12 @@ inline bool under_mpiexec() {
 #endif
 }
 
-/// -t and --ranks.
+/// -t, --ranks and --timeline.
 struct transport_options {
   std::string name; ///< empty until resolve(): mpi under mpiexec, else inproc
   int ranks = 4;
   CLI::Option* ranks_opt = nullptr;
+  std::string timeline; ///< GRADSYNC_TIMELINE for the communicators of this run
 
   void add_to(CLI::App& app) {
     std::vector<std::string> known;
@@ -90,12 +91,16 @@ struct transport_options {
     ranks_opt = app.add_option("--ranks", ranks, "ranks of the inproc and shm transports")
                     ->capture_default_str()
                     ->check(CLI::Range(1, 1024));
+    app.add_option("--timeline", timeline,
+                   "write every call's phases as Chrome trace JSON to this file (GRADSYNC_TIMELINE: a process "
+                   "per rank writes FILE.rank<r>, or FILE with %r replaced by the rank)");
   }
   /// Fills in the default and rejects contradictions (throws std::invalid_argument).
   void resolve() {
     if (name.empty()) name = under_mpiexec() ? "mpi" : "inproc";
     if (name == "mpi" && ranks_opt && ranks_opt->count() > 0)
       throw std::invalid_argument("--ranks does not apply to -t mpi: the world size is mpiexec's -n");
+    if (!timeline.empty()) ::setenv("GRADSYNC_TIMELINE", timeline.c_str(), 1); // read as communicators are made
   }
 };
 

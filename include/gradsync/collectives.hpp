@@ -110,6 +110,9 @@ inline bool verifies(const options& o, std::size_t bytes) {
 // runs `body`. Any failure marks the communicator failed (the call may have
 // left unmatched messages) and is raised as an error of `name` that keeps
 // the kind and peer of the cause and adds the call and the elapsed time.
+// On a traced communicator the call is one phase `name` of the timeline
+// (arguments: the call in words, count, bytes, algorithm, sequence number),
+// the check one phase "verify" inside it.
 template <transport C, class F>
 void run_call(C& c, const char* name, call_fingerprint f, std::size_t bytes, const options& o, F&& body) {
   const int r = c.rank();
@@ -119,9 +122,17 @@ void run_call(C& c, const char* name, call_fingerprint f, std::size_t bytes, con
                   "the communicator failed in an earlier call and must be rebuilt (" + c.calls().failure() + ")");
     f.seq = c.calls().next(o.tag);
   }
+  timeline* const trace = trace_of(c);
+  const scoped_phase call(trace, name, "call", [&](trace_args& a) {
+    a("call", algo::verify::describe(f))("count", f.count)("bytes", bytes)("algorithm", algorithm_name(f.algo))(
+        "seq", f.seq);
+  });
   const auto t0 = std::chrono::steady_clock::now();
   try {
-    if (verifies(o, bytes)) algo::verify::agree(c, f, o.tag + policy::verify_tag_offset, name);
+    if (verifies(o, bytes)) {
+      const scoped_phase check(trace, "verify", "call");
+      algo::verify::agree(c, f, o.tag + policy::verify_tag_offset, name);
+    }
     body();
   } catch (const error& e) {
     if constexpr (recorded<C>) c.calls().fail(e.what());
@@ -368,7 +379,7 @@ void reduce_scatter(C& c, E& ex, std::type_identity_t<std::span<const T>> in, st
       if constexpr (detail::arena_for<C, E>) algo::shm_direct::reduce_scatter(c, in.data(), own, n, op);
       return;
     }
-    const algo::typed_reduce<T, Op, E> sop{ex, op, c.size()};
+    const algo::typed_reduce<T, Op, E> sop{ex, op, c.size(), trace_of(c)};
     algo::ring::reduce_scatter(c, sop, in.data(), own, partition{n * p, p}, o.segment(), o.tag,
                                reinterpret_cast<std::byte*>(ws.data()));
   });

@@ -158,6 +158,7 @@ template <upto_receiver C> struct counted {
   }
   auto irecv(std::span<std::byte> d, int peer, int tag) { return c.irecv(d, peer, tag); }
   auto irecv_upto(std::span<std::byte> d, int peer, int tag) { return c.irecv_upto(d, peer, tag); }
+  timeline* trace() const { return trace_of(c); }
 };
 
 // Gaussian-like calibration input: a sum of 4 uniforms from SplitMix64.

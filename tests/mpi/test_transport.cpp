@@ -3,8 +3,13 @@
 // hangs, and the splitting of transfers above policy::mpi_max_message_bytes.
 #include "mpi_test.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
@@ -491,4 +496,27 @@ TEST_CASE("abort() from another thread frees a blocked wait with errc::aborted")
     if (later) CHECK(later->kind() == errc::aborted);
   }
   MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("set_trace: a timeline per process, %r naming its file, written when it goes") {
+  auto c = make_comm();
+  // One directory for every rank: rank 0's pid names it.
+  long long id = c.rank() == 0 ? static_cast<long long>(::getpid()) : 0;
+  MPI_Bcast(&id, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+  const std::string file = "/tmp/gradsync-mpi-trace-" + std::to_string(id) + "-%r.json";
+  CHECK(c.trace() == nullptr); // GRADSYNC_TIMELINE is not set under meson test
+  c.set_trace(timeline::open(file, c.rank(), c.size()));
+  REQUIRE(c.trace() != nullptr);
+  std::vector<float> x(100, 1.0f);
+  allreduce(c, std::span(x), op::sum{}, {.algo = algorithm::ring});
+  CHECK(x[99] == static_cast<float>(c.size()));
+  const std::string mine = timeline::path_of(file, c.rank(), c.size());
+  c.set_trace(nullptr); // closes the file
+  std::ifstream f(mine);
+  const std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::remove(mine.c_str());
+  CHECK(contains(s, "{\"name\":\"allreduce\",\"cat\":\"call\""));
+  CHECK(contains(s, "\"pid\":" + std::to_string(c.rank()) + ",\"tid\":0"));
+  CHECK(contains(s, "\"name\":\"wait\""));
+  CHECK(s.substr(s.size() < 4 ? 0 : s.size() - 4) == "\n]}\n");
 }

@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <numeric>
 #include <span>
 #include <stdexcept>
@@ -1014,4 +1015,34 @@ TEST_CASE("shm: abort frees every rank's blocked wait with errc::aborted") {
     CHECK(contains(res[r].message, "rank 2 aborted: test abort"));
     CHECK(contains(res[r].message, kind_tag(gradsync::errc::aborted)));
   }
+}
+
+TEST_CASE("shm: GRADSYNC_TIMELINE writes one trace per rank process (.rank<r>), each with its call and phases") {
+  constexpr int p = 3;
+  char tmpl[] = "/tmp/gradsync-shm-trace-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const fs::path dir = tmpl, file = dir / "t.json";
+  ::setenv("GRADSYNC_TIMELINE", file.c_str(), 1); // inherited by the forked ranks
+  auto res = spawn(p, [](communicator& c) {
+    expect(c.trace() != nullptr && c.trace()->pid() == c.rank(), "a timeline with pid = rank");
+    std::vector<float> x(300, 1.0f);
+    gradsync::allreduce(c, std::span(x), gradsync::op::sum{}, {.algo = gradsync::algorithm::ring});
+    expect(x[299] == 3.0f, "the sum");
+  });
+  ::unsetenv("GRADSYNC_TIMELINE");
+  check_all_ok(res);
+  for (int r = 0; r < p; ++r) {
+    std::ifstream f(dir / ("t.json.rank" + std::to_string(r)));
+    const std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    INFO("rank " << r << ": " << s.substr(0, 300));
+    CHECK(s.rfind("{\"traceEvents\":[", 0) == 0);
+    CHECK(s.size() >= 4);
+    CHECK(s.substr(s.size() - 4) == "\n]}\n"); // closed when the communicator went
+    CHECK(contains(s, "{\"name\":\"allreduce\",\"cat\":\"call\""));
+    CHECK(contains(s, "\"pid\":" + std::to_string(r) + ",\"tid\":0"));
+    for (const char* phase : {"\"name\":\"send\"", "\"name\":\"recv\"", "\"name\":\"wait\"", "\"name\":\"reduce\""})
+      CHECK(contains(s, phase));
+  }
+  std::error_code ec;
+  fs::remove_all(dir, ec);
 }

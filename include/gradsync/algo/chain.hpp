@@ -162,7 +162,7 @@ void broadcast(C& c, E& ex, T* data, std::size_t count, int root, std::size_t se
 template <transport C, executor E, element T, reduce_op Op>
 void reduce(C& c, E& ex, const T* in, T* out, std::size_t count, int root, Op op,
             std::size_t seg_bytes, int tag, T* scratch) {
-  reduce(c, typed_reduce<T, Op, E>{ex, op, c.size()}, in, out, count, root, seg_bytes, tag,
+  reduce(c, typed_reduce<T, Op, E>{ex, op, c.size(), trace_of(c)}, in, out, count, root, seg_bytes, tag,
          reinterpret_cast<std::byte*>(scratch));
 }
 

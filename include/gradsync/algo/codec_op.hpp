@@ -30,6 +30,7 @@
 #include "../compress/codec.hpp"
 #include "../core/dtype.hpp"
 #include "../core/error.hpp"
+#include "../core/timeline.hpp"
 
 namespace gradsync::algo {
 
@@ -69,6 +70,7 @@ template <compress::codec K> struct codec_encoder {
   A* decoded = nullptr;     ///< max_seg accumulators (error feedback only)
   std::span<std::byte> ws{}; ///< the codec's workspace for max_seg elements
   std::size_t* encoded_bytes = nullptr; ///< running total of payload bytes produced
+  timeline* trace = nullptr; ///< where encodes and decodes are phases, or nullptr
 
   /// Scratch bytes of an encoder for segments of up to `max_seg` elements.
   static std::size_t scratch_bytes(const K& k, std::size_t max_seg, bool feedback) {
@@ -88,19 +90,23 @@ template <compress::codec K> struct codec_encoder {
   /// with error feedback adds weight * (x - decoded) to the residual.
   std::span<const std::byte> encode(const A* x, std::size_t n, std::size_t first, std::byte* out,
                                     A weight) const {
-    const T* src;
-    if constexpr (std::same_as<A, T>) {
-      src = x;
-    } else {
-      for (std::size_t i = 0; i < n; ++i) narrowed[i] = narrow<T>(x[i]);
-      src = narrowed;
+    std::size_t bytes = 0;
+    {
+      const auto phase = element_phase(trace, "encode", "codec", n);
+      const T* src;
+      if constexpr (std::same_as<A, T>) {
+        src = x;
+      } else {
+        for (std::size_t i = 0; i < n; ++i) narrowed[i] = narrow<T>(x[i]);
+        src = narrowed;
+      }
+      auto st = segment_state<typename K::state>(seed, step, rank, first);
+      bytes = codec->encode(std::span<const T>(src, n), st, ws, std::span<std::byte>(out, payload_slot_bytes(*codec, n)));
     }
-    auto st = segment_state<typename K::state>(seed, step, rank, first);
-    const std::size_t bytes = codec->encode(std::span<const T>(src, n), st, ws,
-                                            std::span<std::byte>(out, payload_slot_bytes(*codec, n)));
     if (encoded_bytes) *encoded_bytes += bytes;
     const std::span<const std::byte> payload(out, bytes);
     if (residual) {
+      const auto phase = decoding(n);
       std::fill(decoded, decoded + n, A(0));
       codec->decode_accumulate(payload, std::span<A>(decoded, n));
       // A non-finite value is the receiver's to see (the codecs poison it);
@@ -111,6 +117,8 @@ template <compress::codec K> struct codec_encoder {
     }
     return payload;
   }
+  /// A phase "decode" of n elements.
+  auto decoding(std::size_t n) const noexcept { return element_phase(trace, "decode", "codec", n); }
 };
 
 /// The segment operation of a compressed ring (segment_op.hpp): value_type
@@ -160,7 +168,10 @@ template <compress::codec K> struct codec_segment_op {
     return keep(dst, n);
   }
   std::span<std::byte> recv_target(T*, std::size_t n, std::byte* slot) const { return {slot, slot_bytes(n)}; }
-  void copy(std::span<std::byte> got, T* dst, std::size_t n) const { enc.codec->decode(got, std::span<T>(dst, n)); }
+  void copy(std::span<std::byte> got, T* dst, std::size_t n) const {
+    const auto phase = enc.decoding(n);
+    enc.codec->decode(got, std::span<T>(dst, n));
+  }
   void combine(std::span<std::byte> got, const T* mine, T* out, std::size_t n, bool) const {
     accumulate(got, mine, n); // float sums commute: the order flag changes nothing
     for (std::size_t i = 0; i < n; ++i) out[i] = narrow<T>(acc[i]);
@@ -189,6 +200,7 @@ template <compress::codec K> struct codec_segment_op {
     std::byte* slot = kept_mem + kept->size() * kept_stride;
     const auto payload = enc.encode(acc, n, first, slot, average ? static_cast<A>(ranks) : A(1));
     kept->push_back({first, payload});
+    const auto phase = enc.decoding(n);
     enc.codec->decode(payload, std::span<T>(dst, n));
     return payload;
   }
@@ -205,6 +217,7 @@ template <compress::codec K> struct codec_segment_op {
 
 private:
   void accumulate(std::span<std::byte> got, const T* mine, std::size_t n) const {
+    const auto phase = enc.decoding(n);
     for (std::size_t i = 0; i < n; ++i) acc[i] = widen(mine[i]);
     enc.codec->decode_accumulate(got, std::span<A>(acc, n));
   }

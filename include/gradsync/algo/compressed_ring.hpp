@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "../compress/codec.hpp"
+#include "../transport/capabilities.hpp"
 #include "codec_op.hpp"
 #include "ring.hpp"
 #include "schedule.hpp"
@@ -66,13 +67,14 @@ template <compress::codec K> struct call {
 
 /// The codec segment operation of call `x` on rank r of p over `data`
 /// (accumulators `acc`, kept payloads in `kept_mem` at `stride`, listed in
-/// `kept`); its encoder's scratch is carved by the caller.
-template <compress::codec K>
-codec_segment_op<K> segment_op_for(const K& k, const call<K>& x, int r, int p, typename K::value_type* data,
+/// `kept`) on communicator c; its encoder's scratch is carved by the caller.
+template <compress::codec K, transport C>
+codec_segment_op<K> segment_op_for(const K& k, const call<K>& x, const C& c, typename K::value_type* data,
                                    accum_t<typename K::value_type>* acc, std::byte* kept_mem, std::size_t stride,
                                    std::vector<typename codec_segment_op<K>::kept_payload>& kept) {
+  const int r = c.rank(), p = c.size();
   return {.enc = {.codec = &k, .seed = x.seed, .step = x.step, .rank = r, .residual = x.residual,
-                  .encoded_bytes = x.encoded_bytes},
+                  .encoded_bytes = x.encoded_bytes, .trace = trace_of(c)},
           .ranks = p,
           .average = x.average,
           .in_base = data,
@@ -104,7 +106,7 @@ void allreduce(C& c, const K& k, typename K::value_type* data, std::size_t count
   A* acc = cur.take<A>(max_seg).data();
   std::vector<typename codec_segment_op<K>::kept_payload> kept;
   kept.reserve(p == 1 ? 1 : pl.g.nseg);
-  auto sop = segment_op_for(k, x, r, p, data, acc, kept_mem, pl.stride, kept);
+  auto sop = segment_op_for(k, x, c, data, acc, kept_mem, pl.stride, kept);
   sop.enc.carve(cur.rest(), max_seg, x.residual != nullptr, "allreduce.compressed");
   const partition blocks{count, static_cast<std::size_t>(p)};
   ring::reduce_scatter(c, sop, data, data + blocks.offset(static_cast<std::size_t>(r)), blocks, x.seg_bytes,

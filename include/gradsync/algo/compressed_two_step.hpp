@@ -70,7 +70,7 @@ void allreduce(C& c, const K& k, typename K::value_type* data, std::size_t count
   std::byte* recv_mem = cur.take<std::byte>(pl.received).data();
   std::vector<typename codec_segment_op<K>::kept_payload> kept;
   kept.reserve(nseg);
-  auto sop = compressed_ring::segment_op_for(k, x, r, p, data, acc, kept_mem, stride, kept);
+  auto sop = compressed_ring::segment_op_for(k, x, c, data, acc, kept_mem, stride, kept);
   sop.enc.carve(cur.rest(), g.max_seg, x.residual != nullptr, "allreduce.compressed");
 
   // Phase 1: post the receives of the own block's payloads, then encode and
@@ -116,9 +116,12 @@ void allreduce(C& c, const K& k, typename K::value_type* data, std::size_t count
   for (std::size_t j = 0; j < nseg; ++j) {
     const std::size_t n = g.size(ur, j);
     if (n == 0) continue;
-    std::fill(acc, acc + n, A(0));
-    for (int q = 0; q < p; ++q)
-      k.decode_accumulate(from[static_cast<std::size_t>(q) * nseg + j], std::span<A>(acc, n));
+    {
+      const auto phase = sop.enc.decoding(n * static_cast<std::size_t>(p));
+      std::fill(acc, acc + n, A(0));
+      for (int q = 0; q < p; ++q)
+        k.decode_accumulate(from[static_cast<std::size_t>(q) * nseg + j], std::span<A>(acc, n));
+    }
     sop.keep(data + g.offset(ur, j), n);
   }
   wait_all(sends);

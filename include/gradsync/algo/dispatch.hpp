@@ -52,7 +52,7 @@ inline std::size_t any_flat_scratch_elems(std::size_t count, std::size_t elem_by
 template <transport C, executor E, element T, reduce_op Op>
 void flat_allreduce(algorithm a, C& c, E& ex, const T* in, T* out, std::size_t count, Op op,
                     std::size_t seg_bytes, int tag, T* scratch, const char* opname = "allreduce") {
-  const typed_reduce<T, Op, E> sop{ex, op, c.size()};
+  const typed_reduce<T, Op, E> sop{ex, op, c.size(), trace_of(c)};
   auto* ws = reinterpret_cast<std::byte*>(scratch);
   switch (a) {
   case algorithm::ring: return ring::allreduce(c, ex, in, out, count, op, seg_bytes, tag, scratch);

@@ -63,7 +63,7 @@ void run(L& local, E& ex, int shards, const T* in, T* out, std::size_t count, Op
   const auto G = static_cast<std::size_t>(shards);
   const partition sh{count, G};
   const partial_op<Op> pop{};
-  const typed_reduce<T, partial_op<Op>, E> sop{ex, pop, g};
+  const typed_reduce<T, partial_op<Op>, E> sop{ex, pop, g, trace_of(local)};
   if (g == shards) {
     ring::reduce_scatter(local, sop, in, out + sh.offset(static_cast<std::size_t>(lr)), sh, seg_bytes,
                          tag, reinterpret_cast<std::byte*>(scratch));

@@ -221,7 +221,7 @@ template <transport C, executor E, element T, reduce_op Op>
 void allreduce(C& c, E& ex, const T* in, T* out, std::size_t count, Op op, std::size_t seg_bytes,
                int tag, T* scratch) {
   const partition blocks{count, static_cast<std::size_t>(c.size())};
-  const typed_reduce<T, Op, E> sop{ex, op, c.size()};
+  const typed_reduce<T, Op, E> sop{ex, op, c.size(), trace_of(c)};
   auto* mem = reinterpret_cast<std::byte*>(scratch);
   reduce_scatter(c, sop, in, out + blocks.offset(static_cast<std::size_t>(c.rank())), blocks, seg_bytes,
                  tag, mem);

@@ -24,6 +24,7 @@
 #include "../core/dtype.hpp"
 #include "../core/ops.hpp"
 #include "../exec/executor.hpp"
+#include "../transport/capabilities.hpp"
 #include "schedule.hpp"
 
 namespace gradsync::algo {
@@ -77,7 +78,8 @@ concept segment_op = requires(const S& s, typename S::value_type* dst, const typ
 
 /// The typed reduction: segments travel as elements; a received segment is
 /// reduced as op(received, local) by the executor, in the receive slot.
-/// `ranks` is the divisor of avg's final step.
+/// `ranks` is the divisor of avg's final step. With a timeline, each
+/// reduction is a phase "reduce" (argument: elements).
 template <element T, reduce_op Op, executor E> struct typed_reduce {
   using value_type = T;
   static constexpr bool exact = true;
@@ -87,17 +89,20 @@ template <element T, reduce_op Op, executor E> struct typed_reduce {
   E& ex;
   Op op;
   int ranks;
+  timeline* trace = nullptr;
 
   static std::size_t slot_bytes(std::size_t n) noexcept { return n * sizeof(T); }
   static std::span<const std::byte> wire(const T* mine, std::size_t n, std::byte*) noexcept {
     return std::as_bytes(std::span<const T>(mine, n));
   }
   std::span<const std::byte> reduce(std::span<std::byte> got, const T* mine, std::size_t n, std::byte*) const {
+    const auto phase = element_phase(trace, "reduce", "compute", n);
     T* acc = reinterpret_cast<T*>(got.data());
     ex.reduce(acc, static_cast<const T*>(acc), mine, n, op);
     return got.first(n * sizeof(T));
   }
   std::span<const std::byte> reduce_copy(std::span<std::byte> got, const T* mine, T* dst, std::size_t n) const {
+    const auto phase = element_phase(trace, "reduce", "compute", n);
     ex.reduce(dst, reinterpret_cast<const T*>(got.data()), mine, n, op);
     ex.finish(dst, n, op, ranks);
     return std::as_bytes(std::span<const T>(dst, n));
@@ -109,6 +114,7 @@ template <element T, reduce_op Op, executor E> struct typed_reduce {
     ex.copy(dst, reinterpret_cast<const T*>(got.data()), n);
   }
   void combine(std::span<std::byte> got, const T* mine, T* acc, std::size_t n, bool got_first) const {
+    const auto phase = element_phase(trace, "reduce", "compute", n);
     const auto* g = reinterpret_cast<const T*>(got.data());
     ex.reduce(acc, got_first ? g : mine, got_first ? mine : g, n, op);
   }

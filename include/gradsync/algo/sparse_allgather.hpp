@@ -28,6 +28,7 @@
 
 #include "../compress/codec.hpp"
 #include "../core/policy.hpp"
+#include "../transport/capabilities.hpp"
 #include "schedule.hpp"
 
 namespace gradsync::algo::sparse_allgather {
@@ -86,10 +87,16 @@ result allreduce(C& c, const K& k, typename K::state& st, typename K::value_type
   const int p = c.size();
   compress::workspace_cursor cur(ws, "allreduce.compressed");
   const auto acc = cur.take<A>(n);
+  timeline* const trace = trace_of(c);
   result res;
-  res.payload = k.encode(std::span<const T>(data, n), st, cur.rest(), payload);
+  {
+    const auto phase = element_phase(trace, "encode", "codec", n);
+    res.payload = k.encode(std::span<const T>(data, n), st, cur.rest(), payload);
+  }
   const auto mine = std::span<const std::byte>(payload.data(), res.payload);
+  const auto decoding = [&](std::size_t elements) { return element_phase(trace, "decode", "codec", elements); };
   if (residual) {
+    const auto phase = decoding(n);
     std::fill(acc.begin(), acc.end(), A(0));
     k.decode_accumulate(mine, acc);
     for (std::size_t i = 0; i < n; ++i)
@@ -106,7 +113,10 @@ result allreduce(C& c, const K& k, typename K::state& st, typename K::value_type
   }
   res.sparse = sparse_pays(sizes, n, sizeof(T));
   if (!res.sparse) {
-    k.decode(mine, std::span<T>(data, n));
+    {
+      const auto phase = decoding(n);
+      k.decode(mine, std::span<T>(data, n));
+    }
     dense(std::span<T>(data, n));
     return res;
   }
@@ -115,6 +125,7 @@ result allreduce(C& c, const K& k, typename K::state& st, typename K::value_type
   gathered.resize(std::max(gathered.size(), total));
   gather(c, mine, sizes, gathered.data(), tag + 1);
   res.received = total - res.payload;
+  const auto phase = decoding(n * static_cast<std::size_t>(p));
   std::fill(acc.begin(), acc.end(), A(0));
   std::size_t at = 0;
   for (int q = 0; q < p; ++q) {

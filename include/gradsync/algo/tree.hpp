@@ -175,7 +175,7 @@ void allreduce(C& c, const S& sop, const typename S::value_type* in, typename S:
 template <transport C, executor E, element T, reduce_op Op>
 void reduce(C& c, E& ex, const T* in, T* out, std::size_t count, int root, Op op, std::size_t seg_bytes,
             int tag, T* scratch) {
-  reduce(c, typed_reduce<T, Op, E>{ex, op, c.size()}, in, out, count, root, seg_bytes, tag,
+  reduce(c, typed_reduce<T, Op, E>{ex, op, c.size(), trace_of(c)}, in, out, count, root, seg_bytes, tag,
          reinterpret_cast<std::byte*>(scratch));
 }
 

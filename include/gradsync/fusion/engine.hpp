@@ -225,6 +225,21 @@ private:
   std::size_t cap_ = 0;
 };
 
+// pack / unpack (planner.hpp) as phases "pack" / "unpack" of c's timeline
+// (arguments: the bucket's bytes and tensors).
+inline auto bucket_args(const bucket& b) noexcept {
+  return [&b](trace_args& a) { a("bytes", b.bytes)("tensors", b.members.size()); };
+}
+template <transport C, class Src> void traced_pack(const C& c, const bucket& b, std::span<std::byte> fused, Src&& src) {
+  const scoped_phase phase(trace_of(c), "pack", "fusion", bucket_args(b));
+  pack(b, fused, std::forward<Src>(src));
+}
+template <transport C, class Dst>
+void traced_unpack(const C& c, const bucket& b, std::span<const std::byte> fused, Dst&& dst) {
+  const scoped_phase phase(trace_of(c), "unpack", "fusion", bucket_args(b));
+  unpack(b, fused, std::forward<Dst>(dst));
+}
+
 // Hash of a bucket key: the engine's maps are keyed by it (no string per submit).
 inline std::uint64_t key_hash(dtype dt, op_kind op, memory_space space, const std::string& codec) {
   std::uint64_t h = fnv1a(fnv_basis, dt);
@@ -752,15 +767,15 @@ private:
   template <class T> T* fused_data(const bucket& b, const std::vector<entry*>& members) {
     if (members.size() == 1) return static_cast<T*>(members.front()->data);
     const std::span<std::byte> f = buffers_[detail::key_hash(b.key)].get(b.bytes);
-    pack(b, f, [&](std::size_t k) {
+    detail::traced_pack(comm_, b, f, [&](std::size_t k) {
       return std::span<const std::byte>(static_cast<const std::byte*>(members[k]->data), b.sizes[k]);
     });
     return reinterpret_cast<T*>(f.data());
   }
   template <class T> void unfuse(const bucket& b, const std::vector<entry*>& members, const T* fused) {
     if (members.size() == 1) return;
-    unpack(b, std::span<const std::byte>(reinterpret_cast<const std::byte*>(fused), b.bytes),
-           [&](std::size_t k) { return std::span<std::byte>(static_cast<std::byte*>(members[k]->data), b.sizes[k]); });
+    detail::traced_unpack(comm_, b, std::span<const std::byte>(reinterpret_cast<const std::byte*>(fused), b.bytes),
+                          [&](std::size_t k) { return std::span<std::byte>(static_cast<std::byte*>(members[k]->data), b.sizes[k]); });
   }
 
   template <class T> void run_dense(const bucket& b, const std::vector<entry*>& members) {
@@ -911,9 +926,10 @@ void grouped_allreduce(C& comm, std::span<const std::span<T>> tensors, Op op = {
       continue;
     }
     const std::span<std::byte> f = buf.get(b.bytes);
-    pack(b, f, [&](std::size_t k) { return std::as_bytes(tensors[b.members[k]]); });
+    detail::traced_pack(comm, b, f, [&](std::size_t k) { return std::as_bytes(tensors[b.members[k]]); });
     allreduce(comm, std::span<T>(reinterpret_cast<T*>(f.data()), b.elements()), op, o);
-    unpack(b, std::span<const std::byte>(f), [&](std::size_t k) { return std::as_writable_bytes(tensors[b.members[k]]); });
+    detail::traced_unpack(comm, b, std::span<const std::byte>(f),
+                            [&](std::size_t k) { return std::as_writable_bytes(tensors[b.members[k]]); });
   }
 }
 
@@ -959,7 +975,7 @@ void grouped_compressed_allreduce(C& comm, std::span<const std::span<T>> tensors
     T* data = tensors[b.members[0]].data();
     const std::span<std::byte> f = b.members.size() > 1 ? buf.get(b.bytes) : std::span<std::byte>();
     if (b.members.size() > 1) {
-      pack(b, f, [&](std::size_t k) { return std::as_bytes(tensors[b.members[k]]); });
+      detail::traced_pack(comm, b, f, [&](std::size_t k) { return std::as_bytes(tensors[b.members[k]]); });
       data = reinterpret_cast<T*>(f.data());
     }
     compress_state<T>& lead = states[b.members[0]];
@@ -990,7 +1006,8 @@ void grouped_compressed_allreduce(C& comm, std::span<const std::span<T>> tensors
       }
     }
     if (b.members.size() > 1)
-      unpack(b, std::span<const std::byte>(f), [&](std::size_t k) { return std::as_writable_bytes(tensors[b.members[k]]); });
+      detail::traced_unpack(comm, b, std::span<const std::byte>(f),
+                            [&](std::size_t k) { return std::as_writable_bytes(tensors[b.members[k]]); });
   }
 }
 

@@ -17,6 +17,7 @@
 #include "../core/call_record.hpp"
 #include "../core/error.hpp"
 #include "../core/timed_choice.hpp"
+#include "../core/timeline.hpp"
 #include "transport.hpp"
 
 namespace gradsync {
@@ -111,6 +112,21 @@ template <class C>
 concept recorded = transport<C> && requires(C& c) {
   { c.calls() } -> std::same_as<call_record&>;
 };
+
+/// A transport that can record a timeline (core/timeline.hpp): trace() is
+/// this rank's, or nullptr while it records none. Its sends, receives and
+/// waits record themselves; collectives, reductions, codecs and the fusion
+/// engine take the timeline from the communicator (trace_of).
+template <class C>
+concept traced = transport<C> && requires(const C& c) {
+  { c.trace() } -> std::same_as<timeline*>;
+};
+
+/// The timeline of `c`, or nullptr (always, for a transport that is not traced).
+template <transport C> timeline* trace_of(const C& c) noexcept {
+  if constexpr (traced<C>) return c.trace();
+  else return nullptr;
+}
 
 /// A transport whose buffers may live in device (GPU) memory; it declares
 /// `static constexpr bool device_memory = true`.

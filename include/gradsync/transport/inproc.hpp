@@ -13,17 +13,20 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "../core/error.hpp"
 #include "../core/futex.hpp"
 #include "../core/policy.hpp"
+#include "../core/timeline.hpp"
 #include "capabilities.hpp"
 #include "transport.hpp"
 
@@ -87,8 +90,18 @@ public:
   explicit world(int n) : boxes_(static_cast<std::size_t>(n > 0 ? n : 0)), n_(n) {
     GRADSYNC_REQUIRE(n >= 1, "inproc.world", -1, "rank count must be >= 1, got " + std::to_string(n));
     spin_ = n <= static_cast<int>(std::thread::hardware_concurrency());
+    if (const auto spec = timeline::env_spec(); !spec.empty()) trace_to(timeline::path_of(spec, 0, 1));
   }
   int size() const noexcept { return n_; }
+
+  /// Communicators made from now on record their timelines into `file`
+  /// (an empty path: none); the file is complete once the world and its
+  /// communicators are gone (or trace()->close() was called).
+  void trace_to(const std::filesystem::path& file) {
+    trace_ = file.empty() ? nullptr : std::make_shared<trace_file>(file);
+  }
+  /// The trace file of this world's ranks, or nullptr.
+  const std::shared_ptr<trace_file>& trace() const noexcept { return trace_; }
 
   /// Fails every pending and future operation of every rank with `reason`
   /// (used when one rank throws, so that no other rank waits forever).
@@ -129,16 +142,17 @@ private:
   std::atomic<bool> aborted_{false};
   std::mutex abort_m_;
   std::string abort_reason_;
+  std::shared_ptr<trace_file> trace_;
 };
 
 /// Completion handle of an in-process send or receive.
 class request {
 public:
   request() = default;
-  request(std::shared_ptr<detail::op_state> s, bool spin, std::chrono::milliseconds timeout)
-      : s_(std::move(s)), timeout_(timeout), spin_(spin) {}
+  request(std::shared_ptr<detail::op_state> s, bool spin, std::chrono::milliseconds timeout, timeline* trace)
+      : s_(std::move(s)), timeout_(timeout), spin_(spin), trace_(trace) {}
   request(request&& o) noexcept
-      : s_(std::move(o.s_)), timeout_(o.timeout_), received_(o.received_), spin_(o.spin_) {}
+      : s_(std::move(o.s_)), timeout_(o.timeout_), received_(o.received_), spin_(o.spin_), trace_(o.trace_) {}
   request& operator=(request&& o) noexcept {
     if (this != &o) {
       cancel();
@@ -146,6 +160,7 @@ public:
       timeout_ = o.timeout_;
       received_ = o.received_;
       spin_ = o.spin_;
+      trace_ = o.trace_;
     }
     return *this;
   }
@@ -166,6 +181,7 @@ public:
   /// (errc::timeout).
   void wait() {
     if (!s_) return;
+    const scoped_phase phase(trace_, "wait", "transport", wait_args(s_->peer, s_->op));
     if (spin_)
       for (int i = 0; i < 4000 && s_->done.load(std::memory_order_acquire) == 0; ++i) {
       }
@@ -212,6 +228,7 @@ private:
   std::chrono::milliseconds timeout_ = policy::default_timeout;
   std::size_t received_ = 0;
   bool spin_ = true;
+  timeline* trace_ = nullptr;
 };
 
 /// One rank's view of a world.
@@ -223,6 +240,7 @@ public:
     GRADSYNC_REQUIRE(w_ != nullptr, "inproc.communicator", rank, "null world");
     GRADSYNC_REQUIRE(rank >= 0 && rank < w_->size(), "inproc.communicator", rank,
             "rank out of range [0, " + std::to_string(w_->size()) + ")");
+    if (w_->trace()) trace_ = std::make_unique<timeline>(w_->trace(), 0, rank, "rank " + std::to_string(rank));
   }
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return w_->size(); }
@@ -244,10 +262,13 @@ public:
   /// The record of collective calls on this communicator (sequence numbers,
   /// first failure: see core/call_record.hpp).
   call_record& calls() noexcept { return calls_; }
+  /// This rank's timeline (core/timeline.hpp), or nullptr when the world traces nothing.
+  timeline* trace() const noexcept { return trace_.get(); }
 
   /// Posts a send of `data` to `peer`. The buffer must stay valid until the
   /// request completes (i.e. until the receiver has copied it).
   request isend(std::span<const std::byte> data, int peer, int tag) {
+    const scoped_phase phase(trace(), "send", "transport", message_args(peer, data.size(), tag));
     check_peer("inproc.send", peer);
     auto& box = w_->boxes_[static_cast<std::size_t>(peer)];
     auto st = make_state("inproc.send", peer, box);
@@ -270,6 +291,7 @@ public:
 
 private:
   request post_recv(std::span<std::byte> data, int peer, int tag, bool upto) {
+    const scoped_phase phase(trace(), "recv", "transport", message_args(peer, data.size(), tag));
     check_peer("inproc.recv", peer);
     auto& box = w_->boxes_[static_cast<std::size_t>(rank_)];
     auto st = make_state("inproc.recv", peer, box);
@@ -293,7 +315,9 @@ private:
     to.push_back(std::move(mine));
     return false;
   }
-  request pending(std::shared_ptr<detail::op_state> st) { return request(std::move(st), w_->spin(), timeout()); }
+  request pending(std::shared_ptr<detail::op_state> st) {
+    return request(std::move(st), w_->spin(), timeout(), trace());
+  }
   static bool take(std::deque<detail::posted>& q, int peer, int tag, detail::posted& out) {
     for (auto it = q.begin(); it != q.end(); ++it)
       if (it->peer == peer && it->tag == tag) {
@@ -335,19 +359,23 @@ private:
   std::chrono::milliseconds timeout_{0};
   bool own_timeout_ = false;
   call_record calls_;
+  std::unique_ptr<timeline> trace_;
 };
 
 static_assert(transport<communicator>);
-static_assert(upto_receiver<communicator> && abortable<communicator> && timed<communicator> && recorded<communicator>);
+static_assert(upto_receiver<communicator> && abortable<communicator> && timed<communicator> && recorded<communicator> &&
+              traced<communicator>);
 static_assert(!node_map<communicator> && !shared_arena<communicator> && !device_memory<communicator> &&
               !stream_ordered<communicator>);
 
-/// Runs `fn(comm)` on `ranks` threads, one per rank of a fresh world, and
-/// returns when all have finished. If any rank throws, the world is aborted
-/// (every blocked rank fails instead of hanging) and the first exception that
-/// was not itself caused by the abort is rethrown.
-template <class Fn> void run(int ranks, Fn&& fn) {
-  auto w = std::make_shared<world>(ranks);
+/// Runs `fn(comm)` on one thread per rank of world `w` (one fresh
+/// communicator each) and returns when all have finished. If any rank
+/// throws, the world is aborted (every blocked rank fails instead of
+/// hanging) and the first exception that was not itself caused by the abort
+/// is rethrown.
+template <class Fn> void run(const std::shared_ptr<world>& w, Fn&& fn) {
+  GRADSYNC_REQUIRE(w != nullptr, "inproc.run", -1, "null world");
+  const int ranks = w->size();
   std::vector<std::exception_ptr> errs(static_cast<std::size_t>(ranks));
   std::vector<char> secondary(static_cast<std::size_t>(ranks), 0);
   auto body = [&](int r) {
@@ -378,5 +406,8 @@ template <class Fn> void run(int ranks, Fn&& fn) {
     for (std::size_t r = 0; r < errs.size(); ++r)
       if (errs[r] && (pass == 1 || !secondary[r])) std::rethrow_exception(errs[r]);
 }
+
+/// run() on a fresh world of `ranks` ranks.
+template <class Fn> void run(int ranks, Fn&& fn) { run(std::make_shared<world>(ranks), std::forward<Fn>(fn)); }
 
 } // namespace gradsync::inproc

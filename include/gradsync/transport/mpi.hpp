@@ -143,6 +143,7 @@ public:
       received_ = o.received_;
       timeout_ = o.timeout_;
       abort_ = std::move(o.abort_);
+      trace_ = o.trace_;
       o.reqs_.clear();
     }
     return *this;
@@ -158,6 +159,7 @@ public:
   /// within the communicator's timeout (errc::timeout).
   void wait() {
     if (reqs_.empty()) return;
+    const scoped_phase phase(trace_, "wait", "transport", wait_args(peer_, op_));
     detail::world_errors_return guard;
     using clock = std::chrono::steady_clock;
     const auto start = clock::now();
@@ -252,6 +254,7 @@ private:
   std::size_t received_ = 0;
   std::chrono::milliseconds timeout_ = policy::default_timeout;
   std::shared_ptr<detail::abort_state> abort_;
+  timeline* trace_ = nullptr;
 
   void check_abort() {
     if (!abort_ || !abort_->set.load(std::memory_order_acquire)) return;
@@ -291,11 +294,12 @@ public:
       if (node_[static_cast<std::size_t>(r)] == r) ++shape_.count;
       shape_.largest = std::max(shape_.largest, static_cast<int>(std::count(node_.begin(), node_.end(), node_[static_cast<std::size_t>(r)])));
     }
+    trace_ = timeline::from_env(rank_, size_);
   }
   communicator(communicator&& o) noexcept
       : comm_(std::exchange(o.comm_, MPI_COMM_NULL)), rank_(o.rank_), size_(o.size_),
         node_(std::move(o.node_)), shape_(o.shape_), timeout_(o.timeout_), tag_ub_(o.tag_ub_),
-        calls_(std::move(o.calls_)), abort_(std::move(o.abort_)) {}
+        calls_(std::move(o.calls_)), abort_(std::move(o.abort_)), trace_(std::move(o.trace_)) {}
   communicator& operator=(communicator&& o) noexcept {
     if (this != &o) {
       release();
@@ -308,6 +312,7 @@ public:
       tag_ub_ = o.tag_ub_;
       calls_ = std::move(o.calls_);
       abort_ = std::move(o.abort_);
+      trace_ = std::move(o.trace_);
     }
     return *this;
   }
@@ -337,6 +342,10 @@ public:
   /// The record of collective calls on this communicator (sequence numbers,
   /// first failure: see core/call_record.hpp).
   call_record& calls() noexcept { return calls_; }
+  /// This rank's timeline (core/timeline.hpp): GRADSYNC_TIMELINE's when the
+  /// communicator was made, or set_trace's; nullptr for none.
+  timeline* trace() const noexcept { return trace_.get(); }
+  void set_trace(std::unique_ptr<timeline> t) noexcept { trace_ = std::move(t); }
 
   /// Fails this rank's pending and later operations with errc::aborted
   /// (callable from any thread: a blocked wait returns within a few polls).
@@ -377,6 +386,7 @@ public:
 private:
   request post(bool is_send, std::byte* p, std::size_t n, int peer, int tag, bool upto = false) {
     const char* op = is_send ? "mpi.send" : "mpi.recv";
+    const scoped_phase phase(trace(), is_send ? "send" : "recv", "transport", message_args(peer, n, tag));
     GRADSYNC_REQUIRE(peer >= 0 && peer < size_, op, rank_,
             "peer " + std::to_string(peer) + " out of range [0, " + std::to_string(size_) + ")");
     GRADSYNC_REQUIRE(tag >= 0 && tag <= tag_ub_, op, rank_,
@@ -392,6 +402,7 @@ private:
     r.upto_ = upto;
     r.timeout_ = timeout_;
     r.abort_ = abort_;
+    r.trace_ = trace();
     const std::size_t chunk = policy::mpi_max_message_bytes;
     std::size_t off = 0;
     do {
@@ -423,10 +434,12 @@ private:
   int tag_ub_ = 32767; // MPI_TAG_UB (the standard's minimum until queried)
   call_record calls_;
   std::shared_ptr<detail::abort_state> abort_ = std::make_shared<detail::abort_state>();
+  std::unique_ptr<timeline> trace_;
 };
 
 static_assert(transport<communicator>);
-static_assert(upto_receiver<communicator> && node_map<communicator> && timed<communicator> && recorded<communicator>);
+static_assert(upto_receiver<communicator> && node_map<communicator> && timed<communicator> && recorded<communicator> &&
+              traced<communicator>);
 // abort() frees this rank's blocked calls only (see there).
 static_assert(abortable<communicator>);
 static_assert(!shared_arena<communicator> && !device_memory<communicator> &&

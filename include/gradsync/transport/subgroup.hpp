@@ -143,6 +143,12 @@ public:
   {
     parent_->set_timeout(t);
   }
+  /// The parent's timeline (its events carry the parent's rank), when it has one.
+  timeline* trace() const
+    requires traced<C>
+  {
+    return parent_->trace();
+  }
 
 private:
   int shifted(int tag, const char* op) const {
@@ -168,7 +174,8 @@ namespace detail {
 template <class C>
 inline constexpr bool subgroup_forwards =
     upto_receiver<subgroup<C>> == upto_receiver<C> && node_map<subgroup<C>> == node_map<C> &&
-    abortable<subgroup<C>> == abortable<C> && timed<subgroup<C>> == timed<C> && !shared_arena<subgroup<C>>;
+    abortable<subgroup<C>> == abortable<C> && timed<subgroup<C>> == timed<C> && traced<subgroup<C>> == traced<C> &&
+    !shared_arena<subgroup<C>>;
 } // namespace detail
 
 } // namespace gradsync

@@ -1,7 +1,7 @@
 // gradsync: the transport concept. Algorithms are schedules over these few
 // primitives and never know which transport runs them. Optional capabilities
 // (node map, shared arena, abort, timeouts, receive up to a capacity, device
-// memory, stream order) are named concepts in capabilities.hpp.
+// memory, stream order, timeline) are named concepts in capabilities.hpp.
 #pragma once
 
 #include <chrono>

@@ -61,6 +61,7 @@
 #include "../../core/process.hpp"
 #include "../../core/random_name.hpp"
 #include "../../core/timed_choice.hpp"
+#include "../../core/timeline.hpp"
 #include "../capabilities.hpp"
 #include "../transport.hpp"
 #include "arena.hpp"
@@ -74,14 +75,17 @@ namespace gradsync::shm {
 class request {
 public:
   request() = default;
-  request(std::shared_ptr<detail::engine> e, detail::op_ptr s) : e_(std::move(e)), s_(std::move(s)) {}
-  request(request&& o) noexcept : e_(std::move(o.e_)), s_(std::move(o.s_)), received_(o.received_) {}
+  request(std::shared_ptr<detail::engine> e, detail::op_ptr s, timeline* trace)
+      : e_(std::move(e)), s_(std::move(s)), trace_(trace) {}
+  request(request&& o) noexcept
+      : e_(std::move(o.e_)), s_(std::move(o.s_)), received_(o.received_), trace_(o.trace_) {}
   request& operator=(request&& o) noexcept {
     if (this != &o) {
       abandon();
       e_ = std::move(o.e_);
       s_ = std::move(o.s_);
       received_ = o.received_;
+      trace_ = o.trace_;
     }
     return *this;
   }
@@ -104,6 +108,7 @@ public:
   /// (errc::timeout).
   void wait() {
     if (!s_) return;
+    const scoped_phase phase(trace_, "wait", "transport", wait_args(s_->peer, s_->is_send ? "shm.send" : "shm.recv"));
     e_->wait(*s_);
     finish();
   }
@@ -127,6 +132,7 @@ private:
   std::shared_ptr<detail::engine> e_;
   detail::op_ptr s_;
   std::size_t received_ = 0;
+  timeline* trace_ = nullptr;
 };
 
 /// One rank's endpoint of a shared-memory group.
@@ -224,22 +230,23 @@ public:
   /// The record of collective calls on this communicator (sequence numbers,
   /// first failure: see core/call_record.hpp).
   call_record& calls() noexcept { return calls_; }
+  /// This rank's timeline (core/timeline.hpp): GRADSYNC_TIMELINE's when the
+  /// communicator was made, or set_trace's; nullptr for none.
+  timeline* trace() const noexcept { return trace_.get(); }
+  void set_trace(std::unique_ptr<timeline> t) noexcept { trace_ = std::move(t); }
 
   /// Posts a send of `data` to `peer`; complete once the bytes are in shared
   /// memory and the receiver has matched it.
   request isend(std::span<const std::byte> data, int peer, int tag) {
-    return request(e_, e_->post_send(data.data(), data.size(), peer, tag));
+    const scoped_phase phase(trace(), "send", "transport", message_args(peer, data.size(), tag));
+    return request(e_, e_->post_send(data.data(), data.size(), peer, tag), trace());
   }
   /// Posts a receive of exactly `data.size()` bytes from `peer`.
-  request irecv(std::span<std::byte> data, int peer, int tag) {
-    return request(e_, e_->post_recv(data.data(), data.size(), peer, tag));
-  }
+  request irecv(std::span<std::byte> data, int peer, int tag) { return post_recv(data, peer, tag, false); }
   /// Posts a receive of at most `capacity.size()` bytes from `peer`; the
   /// request's received() says how many arrived. A larger message fails
   /// both sides with errc::mismatch.
-  request irecv_upto(std::span<std::byte> capacity, int peer, int tag) {
-    return request(e_, e_->post_recv(capacity.data(), capacity.size(), peer, tag, true));
-  }
+  request irecv_upto(std::span<std::byte> capacity, int peer, int tag) { return post_recv(capacity, peer, tag, true); }
 
   /// Fails every pending and future operation of every rank of the group
   /// with `reason` (e.g. after ranks disagreed on a collective call).
@@ -348,6 +355,10 @@ public:
   std::string_view copy_mode() const noexcept { return single_copy() ? "cma" : "arena"; }
 
 private:
+  request post_recv(std::span<std::byte> data, int peer, int tag, bool upto) {
+    const scoped_phase phase(trace(), "recv", "transport", message_args(peer, data.size(), tag));
+    return request(e_, e_->post_recv(data.data(), data.size(), peer, tag, upto), trace());
+  }
   // Sends `mine` (`each` bytes) to every peer and gathers every rank's
   // into `all` (rank q's at q * each; this rank's copied), on shm_alloc_tag.
   void exchange(std::span<const std::byte> mine, std::span<std::byte> all, std::size_t each) {
@@ -429,17 +440,19 @@ private:
     arena_ = detail::collective_arena(e_, stores);
     arena_.agree_single_copy(single_copy);
     registry_ = std::make_shared<detail::registry>();
+    trace_ = timeline::from_env(rank, size);
   }
 
   std::shared_ptr<detail::engine> e_;
   detail::collective_arena arena_;
   std::shared_ptr<detail::registry> registry_;
   call_record calls_;
+  std::unique_ptr<timeline> trace_;
 };
 
 static_assert(transport<communicator>);
 static_assert(upto_receiver<communicator> && shared_arena<communicator> && abortable<communicator> &&
-              timed<communicator> && shared_buffers<communicator> && recorded<communicator>);
+              timed<communicator> && shared_buffers<communicator> && recorded<communicator> && traced<communicator>);
 static_assert(!node_map<communicator> && !device_memory<communicator> && !stream_ordered<communicator>);
 
 } // namespace gradsync::shm
