@@ -23,4 +23,5 @@ run build-asan address,undefined "algo_verify:tests/algo/algo_verify compress_bo
   compress_corrupt:tests/compress/test_compress_corrupt fusion_engine:tests/fusion/fusion_engine
   transport_inproc:tests/transport/transport_inproc transport_shm:tests/transport/transport_shm"
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
-run build-tsan thread "transport_inproc:tests/transport/transport_inproc fusion_engine:tests/fusion/fusion_engine"
+run build-tsan thread "transport_inproc:tests/transport/transport_inproc fusion_engine:tests/fusion/fusion_engine
+  algo_compressed:tests/algo/algo_compressed"

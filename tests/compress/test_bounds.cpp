@@ -4,12 +4,14 @@
 // compute in (rejected at encode, never decoded as Inf or a poisoned block).
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gradsync/compress/spec.hpp>
@@ -87,5 +89,31 @@ TEST_CASE("codecs over double: finite values beyond float's range are rejected a
       auto st3 = state0;
       CHECK_NOTHROW((void)cz::encode_to_vector(c, std::span<const double>(inf), st3));
     });
+  }
+}
+
+// A spec is read, never written, by with_codec: inproc ranks are threads
+// sharing one compression, and a spec that recorded the keys it read (an
+// unsynchronised map insert) crashed the sparse allreduce under load; TSan
+// (tests/sanitize.sh) flags any write here.
+TEST_CASE("codec specs: threads sharing one spec all build the codec; every codec still rejects keys it does not take") {
+  using gradsync::compress::parse_spec;
+  using gradsync::compress::with_codec;
+  const char* specs[] = {"fp16", "bf16", "int8:block=128", "int4:block=32", "sign:block=64", "terngrad:block=64",
+                         "qsgd:levels=5,block=256", "topk:density=0.1", "approx_topk:density=0.1", "randk:density=0.1",
+                         "threshold:tau=2", "powersgd:rank=2,cols=16"};
+  for (const char* text : specs) {
+    const auto s = parse_spec(text);
+    std::atomic<int> built{0};
+    std::vector<std::thread> ts;
+    for (int t = 0; t < 4; ++t)
+      ts.emplace_back([&] {
+        for (int i = 0; i < 50; ++i) with_codec<float>(s, 1024, [&](const auto&, auto) { built.fetch_add(1); });
+      });
+    for (auto& t : ts) t.join();
+    CHECK(built.load() == 200);
+    const std::string bad = std::string(text) + (std::string(text).find(':') == std::string::npos ? ":blok=3" : ",blok=3");
+    CHECK_THROWS_WITH_AS(with_codec<float>(parse_spec(bad), 1024, [](const auto&, auto) {}),
+                         doctest::Contains("takes no parameter 'blok'"), gradsync::error);
   }
 }

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <map>
 #include <string>
@@ -72,14 +73,13 @@ template <class K> constexpr codec_family family_of() {
 struct spec {
   std::string text, name;
   std::map<std::string, std::string> params;
-  mutable std::map<std::string, bool> used;
 
   [[noreturn]] void fail(const std::string& why) const {
     throw error("codec spec", -1, -1, "'" + text + "': " + why);
   }
   /// Parameter `key` as a finite number (fallback when absent).
+  /// Reads only: ranks that are threads share one spec.
   double number(const std::string& key, double fallback) const {
-    used[key] = true;
     const auto it = params.find(key);
     if (it == params.end()) return fallback;
     std::size_t end = 0;
@@ -98,10 +98,12 @@ struct spec {
     if (v < 0 || v != std::floor(v) || v > 1e15) fail(key + " must be a non-negative integer");
     return static_cast<std::size_t>(v);
   }
-  /// Rejects keys the codec does not take (typos must not pass silently).
-  void check_used() const {
+  /// Rejects keys outside `keys`, the ones the codec takes (typos must not
+  /// pass silently).
+  void allow_only(std::initializer_list<std::string_view> keys) const {
     for (const auto& [k, v] : params)
-      if (!used.count(k)) fail("codec " + name + " takes no parameter '" + k + "'");
+      if (std::find(keys.begin(), keys.end(), std::string_view(k)) == keys.end())
+        fail("codec " + name + " takes no parameter '" + k + "'");
   }
   /// The reduction family of this codec (throws for unknown names).
   codec_family family() const {
@@ -173,14 +175,14 @@ template <float_element T, class F> void with_codec(const spec& s, std::size_t n
   const auto blockwise_codec = [&](auto rule, auto state) {
     using Rule = decltype(rule);
     const compress::blockwise<Rule, T> c{.block = block(Rule::default_block)};
-    s.check_used();
+    s.allow_only({"block"});
     f(c, state);
   };
   if (z == "fp16") {
-    s.check_used();
+    s.allow_only({});
     f(compress::fp16<T>{}, no_state{});
   } else if (z == "bf16") {
-    s.check_used();
+    s.allow_only({});
     f(compress::bf16<T>{}, no_state{});
   } else if (z == "int8") {
     blockwise_codec(int8_rule{}, no_state{});
@@ -195,26 +197,26 @@ template <float_element T, class F> void with_codec(const spec& s, std::size_t n
     const std::size_t levels = s.count("levels", c.rule.levels);
     if (levels < 1 || levels > 127) s.fail("levels out of range [1, 127]"); // qsgd_rule: 8-bit sign-magnitude codes
     c.rule.levels = static_cast<std::uint16_t>(levels);
-    s.check_used();
+    s.allow_only({"block", "levels"});
     f(c, seeded);
   } else if (z == "topk") {
     compress::topk<T> c{.k = density_k()};
-    s.check_used();
+    s.allow_only({"density"});
     f(c, no_state{});
   } else if (z == "approx_topk") {
     compress::approx_topk<T> c{.density = density()};
-    s.check_used();
+    s.allow_only({"density"});
     f(c, approx_topk_state{default_seed, 0, 0});
   } else if (z == "randk") {
     compress::randomk<T> c{.k = density_k()};
-    s.check_used();
+    s.allow_only({"density"});
     f(c, seeded);
   } else if (z == "threshold") {
     const double tau = s.number("tau", 2.576);
     if (!(tau >= 0 && tau <= static_cast<double>(std::numeric_limits<float>::max())))
       s.fail("tau must lie in [0, FLT_MAX] (it is compared in float)");
     compress::threshold<T> c{.tau = static_cast<float>(tau)};
-    s.check_used();
+    s.allow_only({"tau"});
     f(c, no_state{});
   } else if (z == "powersgd") {
     const std::size_t cols = std::max<std::size_t>(1, std::min(s.count("cols", 1024), std::max<std::size_t>(n, 1)));
@@ -223,7 +225,7 @@ template <float_element T, class F> void with_codec(const spec& s, std::size_t n
     c.cols = cols;
     c.rank = s.count("rank", 4);
     if (c.rank < 1) s.fail("rank must be at least 1");
-    s.check_used();
+    s.allow_only({"cols", "rank"});
     f(c, powersgd_state{.seed = default_seed});
   } else {
     s.fail("unknown codec '" + z + "' (" + spec_help + ")");
