@@ -233,7 +233,6 @@ int compress_main(std::string_view, int argc, char** argv) {
     cfg.codecs.push_back(parse_spec(s));
     // Unknown codecs and parameters fail before any measurement starts.
     with_codec<float>(cfg.codecs.back(), 1024, [](const auto&, const auto&) {});
-    cfg.codecs.back().used.clear();
   }
   cfg.sizes = sw.sizes();
   cfg.iters = sw.iters;
