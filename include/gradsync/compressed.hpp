@@ -378,7 +378,8 @@ void compressed_allreduce(C& c, std::span<T> data, const compression& z, compres
           compress::workspace_cursor cur(st.workspace, name);
           const auto values = cur.take<T>(e);
           const auto index = cur.take<std::uint64_t>(e);
-          algo::randk_allreduce::allreduce(k, z.seed, step, data.data(), n, residual, values, index, dense_counted);
+          algo::randk_allreduce::allreduce(k, z.seed, step, data.data(), n, residual, values, index, dense_counted,
+                                           trace_of(c));
         }
         rep.path = compressed_path::randk;
       });
@@ -398,7 +399,7 @@ void compressed_allreduce(C& c, std::span<T> data, const compression& z, compres
             sent += dense_bytes_per_elem / sizeof(T) * sizeof(float) * s.size() / static_cast<std::size_t>(p);
           };
           algo::powersgd_allreduce::allreduce(k, st.powersgd, data.data(), n, average, residual, f, dense_float,
-                                              dense_counted);
+                                              dense_counted, trace_of(c));
         }
         rep.path = compressed_path::powersgd;
       });

@@ -216,6 +216,42 @@ TEST_CASE("timeline: compressed_allreduce with int8 records encodes and decodes 
   }
 }
 
+TEST_CASE("timeline: random-k and PowerSGD allreduces trace their codec work around the dense allreduces") {
+  constexpr int p = 2;
+  constexpr std::size_t n = 4096;
+  struct want {
+    const char* spec;
+    gradsync::compressed_path path;
+    int encodes, decodes, inner_calls; // inner: the dense allreduces of values or factors
+  };
+  // random-k: gather k values (encode), one dense allreduce, scatter (decode).
+  // PowerSGD: P = M Q, then orthonormalise and Q = M^T P (two encodes), two
+  // factor allreduces, the reconstruction (decode).
+  for (const want w : {want{"randk:density=0.05", gradsync::compressed_path::randk, 1, 1, 1},
+                       want{"powersgd:rank=2", gradsync::compressed_path::powersgd, 2, 1, 2}}) {
+    INFO(w.spec);
+    const auto ev = traced_run(p, [&](communicator& c) {
+      std::vector<float> g(n);
+      for (std::size_t i = 0; i < n; ++i) g[i] = static_cast<float>((i % 13) * 0.5 - c.rank());
+      gradsync::compression z{.codec = gradsync::compress::parse_spec(w.spec)};
+      gradsync::compress_state<float> st;
+      gradsync::compressed_allreduce(c, std::span(g), z, st, gradsync::op::avg{},
+                                     {.verify = gradsync::verification::never});
+      CHECK(st.last.path == w.path);
+    });
+    for (int r = 0; r < p; ++r) {
+      INFO("rank " << r);
+      rank_events x = one_call(ev, r, "compressed_allreduce", n);
+      CHECK(x.count["encode"] == w.encodes);
+      CHECK(x.count["decode"] == w.decodes);
+      CHECK(x.count["allreduce"] == w.inner_calls);
+      for (const json& e : x.all)
+        if (e["name"] == "encode" || e["name"] == "decode") CHECK(e["args"]["elements"].get<std::size_t>() <= n);
+      check_nested(x);
+    }
+  }
+}
+
 TEST_CASE("timeline: grouped_allreduce packs and unpacks a bucket") {
   constexpr int p = 2;
   const auto ev = traced_run(p, [&](communicator& c) {

@@ -181,6 +181,10 @@ TEST_CASE("topology: user graphs, by edges and by weights") {
   CHECK(failure(from_weights(4, split), 4, property::doubly_stochastic) == "");
   CHECK(contains(failure(from_weights(4, split), 4, property::strongly_connected), "row 2: rank 2 is never reached"));
   CHECK(contains(failure(one_peer_exponential(4), 4, property::static_graph), "changes every step"));
+  // A raw matrix with fewer self weights than rows (found by fuzz_topology:
+  // validate() then threw std::out_of_range, not gradsync::error).
+  CHECK_THROWS_WITH_AS(mixing({0.5, 0.5}, {{{1, 0.5}}, {{0, 0.5}}, {}}), doctest::Contains("2 self weights for 3 rows"), error);
+  CHECK(mixing({0.5, 0.5}, {{{1, 0.5}}, {{0, 0.5}}}).size() == 2);
 }
 
 TEST_CASE("topology: a bad graph is rejected on every rank before any message moves") {

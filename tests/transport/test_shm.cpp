@@ -1017,7 +1017,7 @@ TEST_CASE("shm: abort frees every rank's blocked wait with errc::aborted") {
   }
 }
 
-TEST_CASE("shm: GRADSYNC_TIMELINE writes one trace per rank process (.rank<r>), each with its call and phases") {
+TEST_CASE("shm: GRADSYNC_TIMELINE writes one trace per rank process (.rank<r>), each with its calls and phases") {
   constexpr int p = 3;
   char tmpl[] = "/tmp/gradsync-shm-trace-XXXXXX";
   REQUIRE(::mkdtemp(tmpl) != nullptr);
@@ -1028,6 +1028,10 @@ TEST_CASE("shm: GRADSYNC_TIMELINE writes one trace per rank process (.rank<r>), 
     std::vector<float> x(300, 1.0f);
     gradsync::allreduce(c, std::span(x), gradsync::op::sum{}, {.algo = gradsync::algorithm::ring});
     expect(x[299] == 3.0f, "the sum");
+    // The direct schedule's rounds: staging, the share's reduction, copying out, arena waits.
+    std::vector<float> y(1 << 18, static_cast<float>(c.rank()));
+    gradsync::allreduce(c, std::span(y), gradsync::op::sum{}, {.algo = gradsync::algorithm::direct});
+    expect(y.front() == 3.0f && y.back() == 3.0f, "the direct sum");
   });
   ::unsetenv("GRADSYNC_TIMELINE");
   check_all_ok(res);
@@ -1040,7 +1044,8 @@ TEST_CASE("shm: GRADSYNC_TIMELINE writes one trace per rank process (.rank<r>), 
     CHECK(s.substr(s.size() - 4) == "\n]}\n"); // closed when the communicator went
     CHECK(contains(s, "{\"name\":\"allreduce\",\"cat\":\"call\""));
     CHECK(contains(s, "\"pid\":" + std::to_string(r) + ",\"tid\":0"));
-    for (const char* phase : {"\"name\":\"send\"", "\"name\":\"recv\"", "\"name\":\"wait\"", "\"name\":\"reduce\""})
+    for (const char* phase : {"\"name\":\"send\"", "\"name\":\"recv\"", "\"name\":\"wait\"", "\"name\":\"reduce\"",
+                              "\"name\":\"stage\"", "\"name\":\"copy_out\"", "\"for\":\"shm.arena\""})
       CHECK(contains(s, phase));
   }
   std::error_code ec;

@@ -28,6 +28,7 @@
 
 #include "../compress/powersgd.hpp"
 #include "../core/dtype.hpp"
+#include "../core/timeline.hpp"
 
 namespace gradsync::algo::powersgd_allreduce {
 
@@ -37,10 +38,13 @@ inline std::size_t scratch_floats(std::size_t rows, std::size_t cols, std::size_
 /// PowerSGD allreduce in place on `data` (n elements) with codec `k`
 /// (rows, cols, rank) and state `st` (seed agreed on every rank; Q warm
 /// start). `f` holds scratch_floats(...) floats. `dense_float(span<float>,
-/// bool average)` and `dense(span<T>)` allreduce on every rank.
+/// bool average)` and `dense(span<T>)` allreduce on every rank. With a
+/// timeline, the two products (P = M Q with the orthonormalisation, Q = M^T P
+/// with the residual) are "encode" phases and the reconstruction "decode".
 template <compress::float_element T, class DenseFloat, class Dense>
 void allreduce(const compress::powersgd<T>& k, compress::powersgd_state& st, T* data, std::size_t n,
-               bool average, accum_t<T>* residual, std::span<float> f, DenseFloat&& dense_float, Dense&& dense) {
+               bool average, accum_t<T>* residual, std::span<float> f, DenseFloat&& dense_float, Dense&& dense,
+               timeline* trace = nullptr) {
   using A = accum_t<T>;
   const std::size_t rows = k.rows, cols = k.cols, r = k.used_rank(), m = rows * cols;
   if (m < n) dense(std::span<T>(data + m, n - m)); // the ragged tail, uncompressed
@@ -53,19 +57,26 @@ void allreduce(const compress::powersgd<T>& k, compress::powersgd_state& st, T* 
   ++st.step;
   float* p = f.data();
   float* q = p + rows * r;
-  compress::powersgd_multiply(data, rows, cols, st.q.data(), r, p);
+  {
+    const auto phase = element_phase(trace, "encode", "codec", m);
+    compress::powersgd_multiply(data, rows, cols, st.q.data(), r, p);
+  }
   dense_float(std::span<float>(p, rows * r), false);
-  st.replaced = compress::powersgd_orthonormalize(p, rows, r, rng);
-  compress::powersgd_multiply_transposed(data, rows, cols, p, r, q);
-  bool local_finite = true;
-  if (residual) { // this rank's share of the error: M_i - P Q_i^T (sums to the total over ranks)
-    for (std::size_t x = 0; x < cols * r; ++x) local_finite &= std::isfinite(q[x]);
-    if (local_finite)
-      compress::powersgd_reconstruct(p, q, rows, cols, r, [&](std::size_t i, float v) {
-        if (const A e = widen(data[i]) - static_cast<A>(v); std::isfinite(static_cast<double>(e))) residual[i] += e;
-      });
+  {
+    const auto phase = element_phase(trace, "encode", "codec", m);
+    st.replaced = compress::powersgd_orthonormalize(p, rows, r, rng);
+    compress::powersgd_multiply_transposed(data, rows, cols, p, r, q);
+    if (residual) { // this rank's share of the error: M_i - P Q_i^T (sums to the total over ranks)
+      bool local_finite = true;
+      for (std::size_t x = 0; x < cols * r; ++x) local_finite &= std::isfinite(q[x]);
+      if (local_finite)
+        compress::powersgd_reconstruct(p, q, rows, cols, r, [&](std::size_t i, float v) {
+          if (const A e = widen(data[i]) - static_cast<A>(v); std::isfinite(static_cast<double>(e))) residual[i] += e;
+        });
+    }
   }
   dense_float(std::span<float>(q, cols * r), average);
+  const auto phase = element_phase(trace, "decode", "codec", m);
   bool finite = true;
   for (std::size_t x = 0; x < (rows + cols) * r; ++x) finite &= std::isfinite(p[x]);
   if (finite) std::copy(q, q + cols * r, st.q.begin());

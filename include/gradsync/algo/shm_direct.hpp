@@ -149,7 +149,10 @@ template <shared_arena C, class StageIn>
 void open_round(C& c, std::uint64_t e, std::uint64_t sig, const char* name, StageIn stage_in) {
   if (e > 2) c.arena_await(drained, e - 2, name);
   c.arena_signature(c.rank(), static_cast<int>(e & 1)).store(sig, std::memory_order_relaxed);
-  stage_in();
+  {
+    const scoped_phase phase(trace_of(c), "stage", "transport");
+    stage_in();
+  }
   c.arena_post(copied, e);
   c.arena_await(copied, e, name);
   check_signatures(c, static_cast<int>(e & 1), sig);
@@ -537,9 +540,12 @@ void allreduce(C& c, const T* in, T* out, std::size_t count, Op op) {
         std::memcpy(d, s, count * sizeof(T));
         return static_cast<const T*>(d);
       };
-      combine_wide(out, src(0), src(1), count, op);
-      for (int q = 2; q < p; ++q) combine_wide(out, static_cast<const T*>(out), src(q), count, op);
-      finalize(out, count, op, p);
+      {
+        const auto phase = element_phase(trace_of(c), "reduce", "compute", count);
+        combine_wide(out, src(0), src(1), count, op);
+        for (int q = 2; q < p; ++q) combine_wide(out, static_cast<const T*>(out), src(q), count, op);
+        finalize(out, count, op, p);
+      }
       c.arena_post(drained, e);
     };
     // (Below a few lines both ways are the same stores: no timing.)
@@ -571,23 +577,29 @@ void allreduce(C& c, const T* in, T* out, std::size_t count, Op op) {
       // place, each piece of my share of `in` is read before it is overwritten.)
       const std::size_t n = part(base, r, off);
       auto src = [&](int q) { return q == r ? in + off : static_cast<const T*>(stage<T>(c, q, e) + (off - base)); };
-      if (streamed && stream) { // both stores streaming: one fused pass (see reduce_stream_lines)
-        for (int q = 0; q < p; ++q) srcs[static_cast<std::size_t>(q)] = src(q);
-        T* const dst[2] = {out + off, mine + (off - base)};
-        reduce_to_all(c, p, srcs.data(), dst, 2, n, op);
-      } else {
-        reduce_pieces<T>(p, n, op, src, [&](std::size_t k, const T* acc, std::size_t len) {
-          put(c, stream, out + off + k, acc, len);
-          put(c, streamed, mine + (off - base) + k, acc, len);
-        });
+      {
+        const auto reducing = element_phase(trace_of(c), "reduce", "compute", n);
+        if (streamed && stream) { // both stores streaming: one fused pass (see reduce_stream_lines)
+          for (int q = 0; q < p; ++q) srcs[static_cast<std::size_t>(q)] = src(q);
+          T* const dst[2] = {out + off, mine + (off - base)};
+          reduce_to_all(c, p, srcs.data(), dst, 2, n, op);
+        } else {
+          reduce_pieces<T>(p, n, op, src, [&](std::size_t k, const T* acc, std::size_t len) {
+            put(c, stream, out + off + k, acc, len);
+            put(c, streamed, mine + (off - base) + k, acc, len);
+          });
+        }
       }
       c.arena_post(reduced, e);
 
       c.arena_await(reduced, e, name);
-      for (int q = 0; q < p; ++q)
-        if (q != r)
-          if (const std::size_t m = part(base, q, off))
-            put(c, stream, out + off, static_cast<const T*>(stage<T>(c, q, e) + (off - base)), m);
+      {
+        const scoped_phase phase(trace_of(c), "copy_out", "transport");
+        for (int q = 0; q < p; ++q)
+          if (q != r)
+            if (const std::size_t m = part(base, q, off))
+              put(c, stream, out + off, static_cast<const T*>(stage<T>(c, q, e) + (off - base)), m);
+      }
       c.arena_post(drained, e);
     }
   });

@@ -51,16 +51,20 @@ class mixing {
 public:
   mixing() = default;
   /// A matrix over p ranks from its self weights and off-diagonal rows;
-  /// rows[i] lists the in-neighbours of i (validated by check_structure).
+  /// rows[i] lists the in-neighbours of i (validated by validate()); throws
+  /// gradsync::error unless there is one self weight per row.
   mixing(std::vector<double> self, std::vector<std::vector<edge>> rows)
       : self_(std::move(self)), rows_(std::move(rows)), cols_(rows_.size()) {
+    GRADSYNC_REQUIRE(self_.size() == rows_.size(), "gossip::mixing", -1,
+                     std::to_string(self_.size()) + " self weights for " + std::to_string(rows_.size()) +
+                         " rows (one per rank)");
     for (std::size_t i = 0; i < rows_.size(); ++i)
       for (const edge& e : rows_[i])
         if (e.peer >= 0 && static_cast<std::size_t>(e.peer) < cols_.size())
           cols_[static_cast<std::size_t>(e.peer)].push_back({static_cast<int>(i), e.weight});
     hash_ = gradsync::detail::fnv1a(gradsync::detail::fnv_basis, rows_.size());
     for (std::size_t i = 0; i < rows_.size(); ++i) {
-      hash_ = gradsync::detail::fnv1a(hash_, i < self_.size() ? self_[i] : -1.0);
+      hash_ = gradsync::detail::fnv1a(hash_, self_[i]);
       for (const edge& e : rows_[i]) hash_ = gradsync::detail::fnv1a(gradsync::detail::fnv1a(hash_, e.peer), e.weight);
     }
   }
@@ -354,7 +358,7 @@ struct entry {
 
 /// A user-weighted graph on p ranks from its nonzero entries (diagonal
 /// included; a missing diagonal is 0). The entries are only stored here:
-/// check_structure / validate (which every operation runs) reject ranks out
+/// validate (which every operation runs) rejects ranks out
 /// of range, duplicates, negative or non-finite weights and bad row sums,
 /// naming the row.
 inline graph from_weights(int p, const std::vector<entry>& entries, std::string name = "user") {

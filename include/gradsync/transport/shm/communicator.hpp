@@ -263,8 +263,12 @@ public:
   /// Publishes this rank's counter `k` (< 4) as `v` and wakes sleeping peers.
   void arena_post(int k, std::uint64_t v) { arena_.post(k, v); }
   /// Blocks until counter `k` of every rank reaches `v` (with the same dead
-  /// peer detection and timeout as a receive); throws naming `op`.
-  void arena_await(int k, std::uint64_t v, const char* op) { arena_.await(k, v, op); }
+  /// peer detection and timeout as a receive); throws naming `op`. Traced
+  /// as a "wait" for every peer (peer -1).
+  void arena_await(int k, std::uint64_t v, const char* op) {
+    const scoped_phase phase(trace(), "wait", "transport", wait_args(-1, "shm.arena"));
+    arena_.await(k, v, op);
+  }
   /// Copies `n` bytes from private memory into this rank's arena (streaming
   /// stores: the fast way into lines peers have read).
   static void arena_copy(std::byte* dst, const std::byte* src, std::size_t n) {
