@@ -71,12 +71,14 @@ inline std::size_t mul_checked(std::size_t a, std::size_t b, const char* op, int
 }
 
 // The selector `automatic` consults: the caller's, else the policy.hpp
-// model with GRADSYNC_ALGO's table, read at the first call that needs it (a
-// malformed value fails that call and every later one, never silently).
-inline const selector& selector_of(const options& o) {
+// model (the shared-memory one on transports with an arena) with
+// GRADSYNC_ALGO's table, read at the first call that needs it (a malformed
+// value fails that call and every later one, never silently).
+inline const selector& selector_of(const options& o, bool shared_arena) {
   if (o.select) return *o.select;
   static const selector defaults = selector::from_env(); // immutable once made
-  return defaults;
+  static const selector shm = selector::from_env(cost_model::shared_memory());
+  return shared_arena ? shm : defaults;
 }
 
 inline void check_tag(int tag, const char* op, int rank) {
@@ -183,6 +185,11 @@ namespace detail {
 // Whether collectives with executor E may run through c's shared arena.
 template <transport C, executor E> inline constexpr bool arena_for =
     shared_arena<C> && E::space == memory_space::host;
+// selector_of for communicator type C with buffers in E's memory space.
+template <transport C, executor E = exec::host> const selector& selector_for(const options& o) {
+  return selector_of(o, arena_for<C, E>);
+}
+
 } // namespace detail
 
 /// The communicator as the cost model sees it under options `o` (groups from
@@ -210,7 +217,7 @@ template <transport C, executor E = exec::host> topology topology_of(const C& c,
 template <element T, transport C, executor E = exec::host>
 algorithm allreduce_algorithm(const C& c, std::size_t count, const options& o = {}) {
   if (o.algo != algorithm::automatic) return o.algo;
-  return detail::selector_of(o).choose(count * sizeof(T), topology_of<C, E>(c, o), o.segment());
+  return detail::selector_for<C, E>(o).choose(count * sizeof(T), topology_of<C, E>(c, o), o.segment());
 }
 
 /// The schedule `reduce_scatter` runs for blocks of `block` elements of T:
@@ -218,7 +225,7 @@ algorithm allreduce_algorithm(const C& c, std::size_t count, const options& o = 
 template <element T, transport C, executor E = exec::host>
 algorithm reduce_scatter_algorithm(const C& c, std::size_t block, const options& o = {}) {
   if (o.algo != algorithm::automatic) return o.algo;
-  return detail::selector_of(o).choose_reduce_scatter(block * sizeof(T) * static_cast<std::size_t>(c.size()),
+  return detail::selector_for<C, E>(o).choose_reduce_scatter(block * sizeof(T) * static_cast<std::size_t>(c.size()),
                                                       topology_of<C, E>(c, o), o.segment());
 }
 
@@ -226,7 +233,7 @@ algorithm reduce_scatter_algorithm(const C& c, std::size_t block, const options&
 template <element T, transport C, executor E = exec::host>
 algorithm allgather_algorithm(const C& c, std::size_t block, const options& o = {}) {
   if (o.algo != algorithm::automatic) return o.algo;
-  return detail::selector_of(o).choose_allgather(block * sizeof(T) * static_cast<std::size_t>(c.size()),
+  return detail::selector_for<C, E>(o).choose_allgather(block * sizeof(T) * static_cast<std::size_t>(c.size()),
                                                  topology_of<C, E>(c, o), o.segment());
 }
 
@@ -235,14 +242,14 @@ algorithm allgather_algorithm(const C& c, std::size_t block, const options& o = 
 template <element T, transport C>
 algorithm broadcast_algorithm(const C& c, std::size_t count, const options& o = {}) {
   if (o.algo != algorithm::automatic) return o.algo;
-  return detail::selector_of(o).choose_rooted(count * sizeof(T), c.size(), false, o.segment());
+  return detail::selector_for<C>(o).choose_rooted(count * sizeof(T), c.size(), false, o.segment());
 }
 
 /// The schedule `reduce` runs for `count` elements of T: `ring` (chain) or `tree`.
 template <element T, transport C>
 algorithm reduce_algorithm(const C& c, std::size_t count, const options& o = {}) {
   if (o.algo != algorithm::automatic) return o.algo;
-  return detail::selector_of(o).choose_rooted(count * sizeof(T), c.size(), true, o.segment());
+  return detail::selector_for<C>(o).choose_rooted(count * sizeof(T), c.size(), true, o.segment());
 }
 
 namespace detail {
@@ -308,7 +315,7 @@ void allreduce(C& c, E& ex, std::type_identity_t<std::span<const T>> in, std::sp
     }
     switch (a) {
     case algorithm::hier:
-      algo::hierarchical::allreduce(c, ex, in.data(), out.data(), count, op, groups, o.inner, detail::selector_of(o),
+      algo::hierarchical::allreduce(c, ex, in.data(), out.data(), count, op, groups, o.inner, detail::selector_for<C, E>(o),
                                     seg, o.tag, ws.data());
       return;
     case algorithm::twod:

@@ -209,7 +209,7 @@ struct compressed_prediction {
 template <compress::float_element T, transport C>
 compressed_prediction predict_compressed(const C& c, std::size_t count, const compression& z, const codec_costs& k,
                                          const options& o = {}) {
-  const selector& sel = detail::selector_of(o);
+  const selector& sel = detail::selector_for<C>(o);
   const topology topo = topology_of(c, o);
   const link_cost& l = sel.model().flat_link(topo);
   const int p = c.size();

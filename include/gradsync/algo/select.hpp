@@ -82,6 +82,16 @@ struct cost_model {
   link_cost global{policy::model_alpha, policy::model_beta, policy::model_gamma};
   arena_cost arena{};
 
+  /// The uncalibrated model of a transport with a shared-memory arena
+  /// (policy::shm_model_*): messages cost two copies at memory speed.
+  static cost_model shared_memory() {
+    const link_cost l{policy::shm_model_alpha, policy::shm_model_beta, policy::shm_model_gamma};
+    cost_model m{.local = l, .global = l};
+    m.arena.copy = policy::shm_model_arena_copy;
+    m.arena.sync = policy::shm_model_arena_sync;
+    return m;
+  }
+
   /// Link costs flat schedules see: between groups when there are several.
   const link_cost& flat_link(const topology& t) const { return t.groups > 1 ? global : local; }
 
