@@ -82,9 +82,15 @@ if command -v python3 >/dev/null; then
   done
 fi
 # PNG plots of every JSON file (bench/plot.py; needs matplotlib).
-if command -v python3 >/dev/null && python3 -c "import matplotlib" 2>/dev/null; then
-  run python3 "$(dirname "$0")/plot.py" "$out/plots" "$out"/*.json
+# apt's python3-matplotlib belongs to /usr/bin/python3; another python3 (pyenv,
+# conda) may stand first on PATH without it.
+plotpy=
+for py in python3 /usr/bin/python3; do
+  if command -v "$py" >/dev/null && "$py" -c "import matplotlib" 2>/dev/null; then plotpy=$py; break; fi
+done
+if [ -n "$plotpy" ]; then
+  run "$plotpy" "$(dirname "$0")/plot.py" "$out/plots" "$out"/*.json
 else
-  echo; echo "# plots: skipped (python3-matplotlib not installed)"
+  echo; echo "# plots: skipped (no python3 with matplotlib: apt-get install python3-matplotlib)"
 fi
 echo; echo "JSON results in $out"
