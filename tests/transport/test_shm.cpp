@@ -7,6 +7,8 @@
 #include <gradsync/collectives.hpp>
 #include <gradsync/transport/shm.hpp>
 
+#include "trace_calls.hpp"
+
 #include <poll.h>
 #include <sys/wait.h>
 
@@ -1052,6 +1054,14 @@ TEST_CASE("shm: GRADSYNC_TIMELINE writes one trace per rank process (.rank<r>), 
     std::vector<float> y(1 << 18, static_cast<float>(c.rank()));
     gradsync::allreduce(c, std::span(y), gradsync::op::sum{}, {.algo = gradsync::algorithm::direct});
     expect(y.front() == 3.0f && y.back() == 3.0f, "the direct sum");
+    // direct reduce-scatter and allgather through the arena
+    std::vector<float> in(3 * 1000, 2.0f), out(1000);
+    gradsync::reduce_scatter(c, std::span<const float>(in), std::span(out), gradsync::op::sum{},
+                             {.algo = gradsync::algorithm::direct});
+    expect(out.front() == 6.0f && out.back() == 6.0f, "the direct reduce_scatter");
+    std::vector<float> all(3 * 1000);
+    gradsync::allgather(c, std::span<const float>(out), std::span(all), {.algo = gradsync::algorithm::direct});
+    expect(all.front() == 6.0f && all.back() == 6.0f, "the direct allgather");
   });
   ::unsetenv("GRADSYNC_TIMELINE");
   check_all_ok(res);
@@ -1067,6 +1077,30 @@ TEST_CASE("shm: GRADSYNC_TIMELINE writes one trace per rank process (.rank<r>), 
     for (const char* phase : {"\"name\":\"send\"", "\"name\":\"recv\"", "\"name\":\"wait\"", "\"name\":\"reduce\"",
                               "\"name\":\"stage\"", "\"name\":\"copy_out\"", "\"for\":\"shm.arena\""})
       CHECK(contains(s, phase));
+    // Each direct call's own phases (the ring's are send/recv/reduce).
+    // The 1 MiB allreduce is verified first (automatic from 256 KiB): its
+    // own call event, not counted with the four collectives.
+    const auto traced = trace_test::calls_of(s);
+    INFO("calls: " << trace_test::names_of(traced));
+    std::vector<trace_test::traced_call> calls;
+    for (const auto& c : traced)
+      if (c.name != "verify") calls.push_back(c);
+    REQUIRE(calls.size() == 4);
+    CHECK(calls[0].name == "allreduce");
+    CHECK(calls[0].phases.count("send") == 1);
+    const std::pair<std::string, std::set<std::string>> want[] = {
+        {"allreduce", {"stage", "reduce", "copy_out", "wait"}},
+        {"reduce_scatter", {"stage", "reduce", "wait"}},
+        {"allgather", {"stage", "copy_out", "wait"}}};
+    for (int k = 0; k < 3; ++k) {
+      const auto& got = calls[static_cast<std::size_t>(k) + 1];
+      CHECK(got.name == want[k].first);
+      for (const auto& ph : want[k].second) {
+        INFO(got.name << " has phase " << ph);
+        CHECK(got.phases.count(ph) == 1);
+      }
+      if (k > 0) CHECK(got.phases.count("send") == 0); // through the arena, no messages (too small to verify)
+    }
   }
   std::error_code ec;
   fs::remove_all(dir, ec);

@@ -6,8 +6,11 @@
 #include <doctest/doctest.h>
 
 #include <gradsync/algo/shm_direct.hpp>
+#include <gradsync/collectives.hpp>
 #include <gradsync/core/cross_memory.hpp>
 #include <gradsync/transport/shm.hpp>
+
+#include "trace_calls.hpp"
 
 #include <poll.h>
 #include <sys/mman.h>
@@ -603,4 +606,68 @@ TEST_CASE("shm shared buffers: a rank on private buffers, different sizes, all f
     CHECK(contains(o.said, "mismatch|"));
     CHECK(contains(o.said, "every rank must allocate alike"));
   }
+}
+
+TEST_CASE("shm timeline: the single-copy and shared-buffer paths trace their fetches, reductions and copies") {
+  constexpr int p = 2;
+  const bool cma = cma_works();
+  if (!cma) WARN("process_vm_readv is not permitted here: single-copy path not traced");
+  char tmpl[] = "/tmp/gradsync-path-trace-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const fs::path dir = tmpl, file = dir / "t.json";
+  ::setenv("GRADSYNC_TIMELINE", file.c_str(), 1); // inherited by the forked ranks
+  const std::size_t n = 2 * test_min / sizeof(float); // above both paths' thresholds
+  // unverified: the fingerprint check would add its messages to each call
+  const gradsync::options direct{.algo = gradsync::algorithm::direct, .verify = gradsync::verification::never};
+  auto res = run_ranks(p, [&](communicator& c) {
+    const float r1 = static_cast<float>(c.rank() + 1);
+    auto ib = c.alloc_shared(n * sizeof(float)), ob = c.alloc_shared(2 * n * sizeof(float));
+    gradsync::barrier(c); // ends the allocations' own events: the collectives below are the trace's last calls
+    if (cma) {
+      expect(c.single_copy(), "single copy on");
+      std::vector<float> x(n, r1), y(n), all(2 * n);
+      gradsync::allreduce(c, std::span<const float>(x), std::span(y), gradsync::op::sum{}, direct);
+      expect(took_single_copy(c, x.data(), y.data()) && y.front() == 3.0f && y.back() == 3.0f, "single-copy allreduce");
+      gradsync::reduce_scatter(c, std::span<const float>(x), std::span(y).first(n / 2), gradsync::op::sum{}, direct);
+      expect(y.front() == 3.0f && y[n / 2 - 1] == 3.0f, "single-copy reduce_scatter");
+      gradsync::allgather(c, std::span<const float>(x), std::span(all), direct);
+      expect(all.front() == 1.0f && all.back() == 2.0f, "single-copy allgather");
+    }
+    auto in = ib.as<float>(), out = ob.as<float>();
+    for (auto& v : in) v = r1;
+    gradsync::allreduce(c, std::span<const float>(in), out.first(n), gradsync::op::sum{}, direct);
+    expect(took_shared(c, ib, ob) && out[0] == 3.0f && out[n - 1] == 3.0f, "shared allreduce");
+    gradsync::reduce_scatter(c, std::span<const float>(in), out.first(n / 2), gradsync::op::sum{}, direct);
+    expect(out[0] == 3.0f && out[n / 2 - 1] == 3.0f, "shared reduce_scatter");
+    gradsync::allgather(c, std::span<const float>(in), out, direct);
+    expect(out[0] == 1.0f && out[2 * n - 1] == 2.0f, "shared allgather");
+  }, [](int) { return test_min_text.c_str(); });
+  ::unsetenv("GRADSYNC_TIMELINE");
+  check_all_ok(res);
+  using phases = std::set<std::string>;
+  std::vector<std::pair<std::string, phases>> want;
+  if (cma)
+    want = {{"allreduce", {"stage", "fetch", "reduce", "wait"}},
+            {"reduce_scatter", {"stage", "fetch", "reduce", "wait"}},
+            {"allgather", {"stage", "fetch", "wait"}}};
+  want.insert(want.end(), {{"allreduce", {"stage", "reduce", "wait"}},
+                           {"reduce_scatter", {"stage", "reduce", "wait"}},
+                           {"allgather", {"stage", "copy_out", "wait"}}});
+  for (int r = 0; r < p; ++r) {
+    const auto calls = trace_test::calls_of(trace_test::read_all(dir / ("t.json.rank" + std::to_string(r))));
+    INFO("rank " << r);
+    REQUIRE(calls.size() >= want.size());
+    const std::size_t skip = calls.size() - want.size();
+    for (std::size_t k = 0; k < want.size(); ++k) {
+      const auto& got = calls[skip + k];
+      CHECK(got.name == want[k].first);
+      for (const auto& ph : want[k].second) {
+        INFO(got.name << " (call " << k << ") has phase " << ph);
+        CHECK(got.phases.count(ph) == 1);
+      }
+      CHECK(got.phases.count("send") == 0); // neither path sends a message
+    }
+  }
+  std::error_code ec;
+  fs::remove_all(dir, ec);
 }

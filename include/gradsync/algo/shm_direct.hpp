@@ -308,8 +308,12 @@ void reduce_remote(C& c, const exposed* x, const T* mine, std::size_t at, T* out
   const bool stream = n * sizeof(T) >= policy::shm_stream_out_bytes;
   for (std::size_t k = 0; k < n; k += step) {
     const std::size_t m = std::min(step, n - k);
-    for (int q = 0; q < p; ++q)
-      if (q != r) fetch(c, x[q], q, slot(q), x[q].in + (at + k) * sizeof(T), m, name);
+    {
+      const scoped_phase phase(trace_of(c), "fetch", "transport");
+      for (int q = 0; q < p; ++q)
+        if (q != r) fetch(c, x[q], q, slot(q), x[q].in + (at + k) * sizeof(T), m, name);
+    }
+    const auto phase = element_phase(trace_of(c), "reduce", "compute", m);
     reduce_pieces<T>(
         p, m, op, [&](int q) { return q == r ? mine + k : static_cast<const T*>(slot(q)); },
         [&](std::size_t j, const T* acc, std::size_t len) { put(c, stream, out + k + j, acc, len); });
@@ -337,9 +341,12 @@ void allreduce_single_copy(C& c, const T* in, T* out, std::size_t count, Op op, 
   reduce_remote(c, x.get(), in + off, off, out + off, n, op, name);
   c.arena_post(reduced, e);
   await_peers(c, x.get(), reduced, e, name);
-  for (int q = 0; q < p; ++q)
-    if (q != r)
-      if (const std::size_t m = part(q, off)) fetch(c, x[q], q, out + off, x[q].out + off * sizeof(T), m, name);
+  {
+    const scoped_phase phase(trace_of(c), "fetch", "transport");
+    for (int q = 0; q < p; ++q)
+      if (q != r)
+        if (const std::size_t m = part(q, off)) fetch(c, x[q], q, out + off, x[q].out + off * sizeof(T), m, name);
+  }
   close_single_copy(c, x.get(), e, name);
 }
 
@@ -491,7 +498,10 @@ void allreduce_shared(C& c, const T* in, std::size_t count, Op op, std::uint64_t
     src[Q] = q == r ? in + off : reinterpret_cast<const T*>(b.in[Q]) + off;
     dst[Q] = reinterpret_cast<T*>(b.out[Q]) + off;
   }
-  reduce_to_all(c, p, src.data(), dst.data(), p, n, op);
+  {
+    const auto phase = element_phase(trace_of(c), "reduce", "compute", n);
+    reduce_to_all(c, p, src.data(), dst.data(), p, n, op);
+  }
   close_shared(c, e, name);
 }
 
@@ -625,7 +635,10 @@ void reduce_scatter(C& c, const T* in, T* out, std::size_t n, Op op) {
     const peer_buffers b = open_shared(c, e, sig | on_shared, name, x, n * P * sizeof(T), n * sizeof(T));
     std::vector<const T*> src(P);
     for (std::size_t q = 0; q < P; ++q) src[q] = q == R ? in + R * n : reinterpret_cast<const T*>(b.in[q]) + R * n;
-    reduce_to_all(c, p, src.data(), &out, 1, n, op);
+    {
+      const auto phase = element_phase(trace_of(c), "reduce", "compute", n);
+      reduce_to_all(c, p, src.data(), &out, 1, n, op);
+    }
     return close_shared(c, e, name);
   }
   if (single_copy_for(c, n * P * sizeof(T))) { // block r from every rank's `in`, straight into `out`
@@ -644,10 +657,13 @@ void reduce_scatter(C& c, const T* in, T* out, std::size_t n, Op op) {
         for (std::size_t q = 0; q < P; ++q)
           if (q != R) put(c, streamed, mine + q * sh, in + q * n + k, m);
       });
-      reduce_pieces<T>(
-          p, m, op,
-          [&](int q) { return q == r ? in + R * n + k : static_cast<const T*>(stage<T>(c, q, e) + R * sh); },
-          [&](std::size_t j, const T* acc, std::size_t len) { put(c, stream, out + k + j, acc, len); });
+      {
+        const auto phase = element_phase(trace_of(c), "reduce", "compute", m);
+        reduce_pieces<T>(
+            p, m, op,
+            [&](int q) { return q == r ? in + R * n + k : static_cast<const T*>(stage<T>(c, q, e) + R * sh); },
+            [&](std::size_t j, const T* acc, std::size_t len) { put(c, stream, out + k + j, acc, len); });
+      }
       c.arena_post(drained, e);
     }
   });
@@ -672,16 +688,22 @@ template <shared_arena C, element T> void allgather(C& c, const T* in, T* out, s
                                    n * static_cast<std::size_t>(p) * sizeof(T), x)) {
     const std::uint64_t e = ++epoch; // every rank's `in` in place, into its block of `out`
     const peer_buffers b = open_shared(c, e, sig | on_shared, name, x, n * sizeof(T), n * static_cast<std::size_t>(p) * sizeof(T));
-    for (int q = 0; q < p; ++q)
-      put(c, stream, out + static_cast<std::size_t>(q) * n, reinterpret_cast<const T*>(b.in[static_cast<std::size_t>(q)]), n);
+    {
+      const scoped_phase phase(trace_of(c), "copy_out", "transport");
+      for (int q = 0; q < p; ++q)
+        put(c, stream, out + static_cast<std::size_t>(q) * n, reinterpret_cast<const T*>(b.in[static_cast<std::size_t>(q)]), n);
+    }
     return close_shared(c, e, name);
   }
   copy_elems(out + R * n, in, n);
   if (single_copy_for(c, n * static_cast<std::size_t>(p) * sizeof(T))) { // every block straight from its owner's `in`
     const std::uint64_t e = ++epoch;
     const auto x = open_single_copy(c, e, sig, name, in, out);
-    for (int q = 0; q < p; ++q)
-      if (q != r) fetch(c, x[q], q, out + static_cast<std::size_t>(q) * n, x[q].in, n, name);
+    {
+      const scoped_phase phase(trace_of(c), "fetch", "transport");
+      for (int q = 0; q < p; ++q)
+        if (q != r) fetch(c, x[q], q, out + static_cast<std::size_t>(q) * n, x[q].in, n, name);
+    }
     return close_single_copy(c, x.get(), e, name);
   }
   with_stores(c, call::allgather, n * static_cast<std::size_t>(p) * sizeof(T), [&](bool streamed) {
@@ -689,8 +711,11 @@ template <shared_arena C, element T> void allgather(C& c, const T* in, T* out, s
       const std::uint64_t e = ++epoch;
       const std::size_t m = std::min(cap, n - k);
       open_round(c, e, sig, name, [&] { put(c, streamed, stage<T>(c, r, e), in + k, m); });
-      for (int q = 0; q < p; ++q)
-        if (q != r) put(c, stream, out + static_cast<std::size_t>(q) * n + k, static_cast<const T*>(stage<T>(c, q, e)), m);
+      {
+        const scoped_phase phase(trace_of(c), "copy_out", "transport");
+        for (int q = 0; q < p; ++q)
+          if (q != r) put(c, stream, out + static_cast<std::size_t>(q) * n + k, static_cast<const T*>(stage<T>(c, q, e)), m);
+      }
       c.arena_post(drained, e);
     }
   });

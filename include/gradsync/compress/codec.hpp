@@ -203,8 +203,8 @@ std::vector<std::byte> encode_to_vector(const C& c, std::span<const typename C::
 }
 
 /// Decodes a payload into a freshly allocated vector sized by its header
-/// (after the header and checksum are validated; a count no vector can hold
-/// is an error, not std::bad_alloc).
+/// (after the header and checksum are validated; a count no memory holds is
+/// an error, not std::bad_alloc).
 template <codec C>
 std::vector<typename C::value_type> decode_to_vector(const C& c,
                                                      std::span<const std::byte> payload) {
@@ -212,15 +212,20 @@ std::vector<typename C::value_type> decode_to_vector(const C& c,
   const std::uint64_t n = wire::count_of(payload);
   wire::check_payload(n <= std::vector<T>().max_size(), "decode.header",
                       "element count " + std::to_string(n) + " exceeds what a vector can hold");
-  std::vector<T> out;
-  try {
-    out.resize(static_cast<std::size_t>(n));
-  } catch (const std::bad_alloc&) { // a count the header allows but memory does not
-    wire::fail("decode.header",
-               "cannot allocate the " + std::to_string(n) + " elements (" + std::to_string(n * sizeof(T)) +
-                   " bytes) the payload announces",
-               errc::internal);
+  // Sparse payloads legitimately announce far more elements than they carry,
+  // so the count cannot be bounded by the payload's size. Probe with a
+  // nothrow allocation instead: a throwing one is fatal under ASan (it
+  // reports out-of-memory rather than throw), this one returns null there too.
+  if (n > 0) {
+    void* probe = ::operator new(static_cast<std::size_t>(n) * sizeof(T), std::nothrow);
+    if (probe == nullptr)
+      wire::fail("decode.header",
+                 "cannot allocate the " + std::to_string(n) + " elements (" + std::to_string(n * sizeof(T)) +
+                     " bytes) the payload announces",
+                 errc::internal);
+    ::operator delete(probe);
   }
+  std::vector<T> out(static_cast<std::size_t>(n));
   c.decode(payload, std::span(out));
   return out;
 }

@@ -6,8 +6,10 @@
 // of the input: every rank, run and device path picks the same set. NaN and
 // Inf rank above every finite magnitude and are sent first.
 //
-// Host path: MSD radix select on the magnitude bits (three counting passes and
-// one emitting pass, O(n), 16 KiB of counters), not a sort.
+// Host path: MSD radix select on the magnitude bits, not a sort: one counting
+// pass over the tensor for the first digit, one collecting the candidates
+// that reach its bucket, the rest over those (sparse::select_top_of); O(n),
+// 16 KiB of counters and 4 k candidate indices of workspace.
 //
 // Parameter block (8 bytes): u64 entries sent (min(k, count)).
 // Body: the sparse body of sparse.hpp.
@@ -46,10 +48,13 @@ template <float_element T> struct topk {
     return wire::header_bytes + param_bytes + sparse::body_bytes<T>(entries(n));
   }
 
-  /// Workspace bytes for n elements: the radix counters, when a selection runs.
+  /// Workspace bytes for n elements: the radix counters and candidate
+  /// indices, when a selection runs.
   std::size_t workspace_bytes(std::size_t n) const {
     const std::size_t e = entries(n);
-    return e == 0 || e == n ? 0 : workspace_piece<std::size_t>(sparse::radix_buckets);
+    return e == 0 || e == n ? 0
+                            : workspace_piece<std::size_t>(sparse::radix_buckets) +
+                                  workspace_piece<std::uint32_t>(sparse::candidate_slots(e, n));
   }
 
   /// Encodes the entries(n) largest magnitudes of `in`; returns payload bytes.
@@ -64,13 +69,14 @@ template <float_element T> struct topk {
     wire::writer w(out, id, dtype_traits<T>::id, n, param_bytes, encode_op);
     wire::param_writer(w.params()).put<std::uint64_t>(e);
     workspace_cursor cur(ws, encode_op);
-    const auto hist = cur.take<std::size_t>(e == 0 || e == n ? 0 : sparse::radix_buckets);
+    const bool selects = e != 0 && e != n;
+    const auto hist = cur.take<std::size_t>(selects ? sparse::radix_buckets : 0);
+    const auto cand = cur.take<std::uint32_t>(selects ? sparse::candidate_slots(e, n) : 0);
     const T* x = in.data();
     std::byte* body = w.body().data();
     std::size_t j = 0;
-    sparse::select_top(
-        n, e, [x](std::size_t i) { return sparse::magnitude_key(x[i]); }, hist,
-        [&](std::size_t i) { sparse::put<T>(body, e, j++, static_cast<std::uint32_t>(i), x[i]); });
+    sparse::select_top_of(x, n, e, hist, cand,
+                          [&](std::size_t i) { sparse::put<T>(body, e, j++, static_cast<std::uint32_t>(i), x[i]); });
     return w.finish(sparse::body_bytes<T>(e));
   }
 
