@@ -89,7 +89,10 @@ public:
     default: throw gradsync::error("comm_hook", comm_.rank(), -1, "gradient buckets must hold floating-point values");
     }
   }
-  std::string last_path() const override { return path_; }
+  std::string last_path() const override {
+    const std::lock_guard lock(mu_); // the group's worker writes it
+    return path_;
+  }
 
 private:
   template <class T> void run(gradsync::compress_state<T>& st, std::span<T> data) {

@@ -7,9 +7,12 @@
 // mpiexec the group runs over MPI, otherwise the processes (on one machine)
 // join a shared-memory segment whose name rank 0 publishes in the Store.
 //
-// Collectives run when called, on the caller's thread, and return completed
-// Work: errors (bad input, ranks that disagree, a dead peer) raise in the
-// caller as RuntimeError naming the op and the rank.
+// Arguments are checked in the call (bad input raises there); the collective
+// itself runs on the group's worker thread in call order, as Gloo's and
+// NCCL's groups do, so a call returns at once and DDP's backward goes on
+// computing while its buckets are reduced. Errors of the run (ranks that
+// disagree, a dead peer) raise from Work.wait() as RuntimeError naming the
+// op and the rank.
 #include <torch/extension.h>
 
 #include <pybind11/chrono.h>
@@ -20,7 +23,13 @@
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <string>
 #include <utility>
 #include <vector>
@@ -111,22 +120,24 @@ void same_layout(const at::Tensor& a, const at::Tensor& b, const char* op, int r
 }
 
 // Writes a contiguous result back into `t` when `t` was not contiguous itself.
-void write_back(at::Tensor& t, const at::Tensor& c) {
+void write_back(const at::Tensor& t, const at::Tensor& c) {
   if (!c.is_same(t)) t.copy_(c);
 }
 
-// A Work that is complete when returned (the collective ran in the call).
-class done_work final : public c10d::Work {
+// A Work completed by the worker once its collective has run (or failed).
+class async_work final : public c10d::Work {
 public:
-  done_work(int rank, c10d::OpType type, std::vector<at::Tensor> result)
+  async_work(int rank, c10d::OpType type, std::vector<at::Tensor> result)
       : Work(rank, type), result_(std::move(result)),
-        future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
-    future_->markCompleted(c10::IValue(result_));
-    finish();
+        future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+  /// On the worker, once: the future first (DDP waits on it), then wait().
+  void complete(std::exception_ptr error) {
+    if (error)
+      future_->setError(error);
+    else
+      future_->markCompleted(c10::IValue(result_));
+    finish(error);
   }
-  bool isCompleted() override { return true; }
-  bool isSuccess() const override { return true; }
-  bool wait(std::chrono::milliseconds) override { return true; }
   std::vector<at::Tensor> result() override { return result_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
 
@@ -135,9 +146,49 @@ private:
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
-c10::intrusive_ptr<c10d::Work> done(int rank, c10d::OpType type, std::vector<at::Tensor> result) {
-  return c10::make_intrusive<done_work>(rank, type, std::move(result));
-}
+// One thread running posted tasks in order; the destructor runs what is
+// still queued, then joins (a group never drops a collective it accepted).
+class worker {
+public:
+  worker() : thread_([this] { loop(); }) {}
+  worker(const worker&) = delete;
+  worker& operator=(const worker&) = delete;
+  ~worker() {
+    {
+      const std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+  void post(std::function<void()> task) {
+    {
+      const std::lock_guard lock(mu_);
+      queue_.push_back(std::move(task));
+    }
+    cv_.notify_one();
+  }
+
+private:
+  void loop() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      task(); // tasks catch their own errors
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool stop_ = false;
+  std::thread thread_; // last: starts once the rest is built
+};
 
 } // namespace
 
@@ -178,19 +229,31 @@ public:
     at::Tensor& t = tensors[0];
     const elem e = reduce_elem(t, op, rank_);
     const red r = reduction(opts.reduceOp, op, rank_);
-    at::Tensor c = t.contiguous();
-    guarded([&] { engine_->allreduce(c.data_ptr(), static_cast<std::size_t>(c.numel()), e, r); });
-    write_back(t, c);
-    return done(rank_, c10d::OpType::ALLREDUCE, tensors);
+    return run(c10d::OpType::ALLREDUCE, tensors, [this, t, c = t.contiguous(), e, r]() mutable {
+      engine_->allreduce(c.data_ptr(), static_cast<std::size_t>(c.numel()), e, r);
+      write_back(t, c);
+    });
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                      const c10d::AllreduceCoalescedOptions& opts) override {
+    const char* op = "allreduce_coalesced";
+    struct part {
+      at::Tensor t, c;
+      elem e;
+    };
+    std::vector<part> parts;
     for (auto& t : tensors) {
-      std::vector<at::Tensor> one{t};
-      allreduce(one, opts);
+      check_tensor(t, op, rank_, "tensor");
+      parts.push_back({t, t.contiguous(), reduce_elem(t, op, rank_)});
     }
-    return done(rank_, c10d::OpType::ALLREDUCE_COALESCED, tensors);
+    const red r = reduction(opts.reduceOp, op, rank_);
+    return run(c10d::OpType::ALLREDUCE_COALESCED, tensors, [this, parts, r]() mutable {
+      for (auto& x : parts) {
+        engine_->allreduce(x.c.data_ptr(), static_cast<std::size_t>(x.c.numel()), x.e, r);
+        write_back(x.t, x.c);
+      }
+    });
   }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
@@ -202,9 +265,11 @@ public:
     at::Tensor c = t.contiguous();
     std::size_t n = static_cast<std::size_t>(c.numel());
     const elem e = move_elem(c, n, op, rank_);
-    guarded([&] { engine_->broadcast(c.data_ptr(), n, e, static_cast<int>(opts.rootRank)); });
-    write_back(t, c);
-    return done(rank_, c10d::OpType::BROADCAST, tensors);
+    const int root = static_cast<int>(opts.rootRank);
+    return run(c10d::OpType::BROADCAST, tensors, [this, t, c, n, e, root]() mutable {
+      engine_->broadcast(c.data_ptr(), n, e, root);
+      write_back(t, c);
+    });
   }
 
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
@@ -215,13 +280,11 @@ public:
     check_root(opts.rootRank, opts.rootTensor, op);
     const elem e = reduce_elem(t, op, rank_);
     const red r = reduction(opts.reduceOp, op, rank_);
-    at::Tensor c = t.contiguous();
-    guarded([&] {
-      engine_->reduce(c.data_ptr(), c.data_ptr(), static_cast<std::size_t>(c.numel()), e, r,
-                      static_cast<int>(opts.rootRank));
+    const int root = static_cast<int>(opts.rootRank);
+    return run(c10d::OpType::REDUCE, tensors, [this, t, c = t.contiguous(), e, r, root]() mutable {
+      engine_->reduce(c.data_ptr(), c.data_ptr(), static_cast<std::size_t>(c.numel()), e, r, root);
+      write_back(t, c);
     });
-    write_back(t, c);
-    return done(rank_, c10d::OpType::REDUCE, tensors);
   }
 
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -239,10 +302,12 @@ public:
       same_layout(in, outs[q], op, rank_, "output " + std::to_string(q));
     }
     at::Tensor flat = at::empty({static_cast<int64_t>(size_) * in.numel()}, in.options());
-    gather_into(flat, in, op);
-    for (std::size_t q = 0; q < outs.size(); ++q)
-      outs[q].copy_(flat.narrow(0, static_cast<int64_t>(q) * in.numel(), in.numel()).view(outs[q].sizes()));
-    return done(rank_, c10d::OpType::ALLGATHER, outs);
+    auto gather = gather_task(flat, in, op);
+    return run(c10d::OpType::ALLGATHER, outs, [gather, flat, outs, n = in.numel()]() mutable {
+      gather();
+      for (std::size_t q = 0; q < outs.size(); ++q)
+        outs[q].copy_(flat.narrow(0, static_cast<int64_t>(q) * n, n).view(outs[q].sizes()));
+    });
   }
 
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
@@ -255,9 +320,11 @@ public:
                           std::to_string(input.numel()) + " elements of the input's dtype, holds " +
                           std::to_string(output.numel()) + " of " + c10::toString(output.scalar_type()));
     at::Tensor c = output.contiguous();
-    gather_into(c, input, op);
-    write_back(output, c);
-    return done(rank_, c10d::OpType::_ALLGATHER_BASE, {output});
+    auto gather = gather_task(c, input, op);
+    return run(c10d::OpType::_ALLGATHER_BASE, {output}, [gather, output, c]() mutable {
+      gather();
+      write_back(output, c);
+    });
   }
 
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -277,9 +344,7 @@ public:
     }
     std::vector<at::Tensor> flat_parts;
     for (const auto& t : ins) flat_parts.push_back(t.reshape({-1}));
-    at::Tensor flat = at::cat(flat_parts);
-    scatter_from(out, flat, opts, op);
-    return done(rank_, c10d::OpType::REDUCE_SCATTER, outputs);
+    return run(c10d::OpType::REDUCE_SCATTER, outputs, scatter_task(out, at::cat(flat_parts), opts, op));
   }
 
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -291,14 +356,16 @@ public:
       fail(op, rank_, "input must hold ranks x output = " + std::to_string(size_) + " x " +
                           std::to_string(output.numel()) + " elements of the output's dtype, holds " +
                           std::to_string(input.numel()) + " of " + c10::toString(input.scalar_type()));
-    scatter_from(output, input.contiguous(), opts, op);
-    return done(rank_, c10d::OpType::_REDUCE_SCATTER_BASE, {output});
+    return run(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, scatter_task(output, input.contiguous(), opts, op));
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
-    guarded([&] { engine_->barrier(); });
-    return done(rank_, c10d::OpType::BARRIER, {});
+    return run(c10d::OpType::BARRIER, {}, [this] { engine_->barrier(); });
   }
+
+  /// Runs `task` on the group's worker after the collectives called before
+  /// (the DDP hook posts its buckets here).
+  void post(std::function<void()> task) { worker_->post(std::move(task)); }
 
   /// A compressor for the DDP hook (codec by name).
   std::unique_ptr<compressor> make_compressor(const std::string& codec) {
@@ -313,25 +380,42 @@ private:
       fail(op, rank_, "root " + std::to_string(root) + " out of range [0, " + std::to_string(size_) + ")");
     if (root_tensor != 0) fail(op, rank_, "root tensor must be 0 (one tensor per process)");
   }
-  // flat (contiguous, size() x in.numel() elements) <- every rank's `in`.
-  void gather_into(at::Tensor& flat, const at::Tensor& input, const char* op) {
+  // Posts f (on the worker, after the calls before it); the returned Work
+  // completes when f has run, with its error if it threw.
+  template <class F>
+  c10::intrusive_ptr<c10d::Work> run(c10d::OpType type, std::vector<at::Tensor> result, F&& f) {
+    auto work = c10::make_intrusive<async_work>(rank_, type, std::move(result));
+    worker_->post([work, f = std::forward<F>(f)]() mutable {
+      std::exception_ptr error;
+      try {
+        guarded(f);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      work->complete(error);
+    });
+    return work;
+  }
+  // A task: flat (contiguous, size() x in.numel() elements) <- every rank's `in`.
+  std::function<void()> gather_task(const at::Tensor& flat, const at::Tensor& input, const char* op) {
     at::Tensor in = input.contiguous();
     std::size_t n = static_cast<std::size_t>(in.numel());
     const elem e = move_elem(in, n, op, rank_);
-    guarded([&] { engine_->allgather(in.data_ptr(), flat.data_ptr(), n, e); });
+    return [this, flat, in, n, e] { engine_->allgather(in.data_ptr(), flat.data_ptr(), n, e); };
   }
-  // out <- block rank() of the reduction of every rank's `flat`.
-  void scatter_from(at::Tensor& out, const at::Tensor& flat, const c10d::ReduceScatterOptions& opts, const char* op) {
+  // A task: out <- block rank() of the reduction of every rank's `flat`.
+  std::function<void()> scatter_task(const at::Tensor& out, const at::Tensor& flat,
+                                     const c10d::ReduceScatterOptions& opts, const char* op) {
     const elem e = reduce_elem(out, op, rank_);
     const red r = reduction(opts.reduceOp, op, rank_);
-    at::Tensor c = out.contiguous();
-    guarded([&] {
+    return [this, out, flat, c = out.contiguous(), e, r]() mutable {
       engine_->reduce_scatter(flat.data_ptr(), c.data_ptr(), static_cast<std::size_t>(c.numel()), e, r);
-    });
-    write_back(out, c);
+      write_back(out, c);
+    };
   }
 
   std::unique_ptr<engine> engine_;
+  std::unique_ptr<worker> worker_ = std::make_unique<worker>(); // after engine_: drained before it goes
 };
 
 /// The DDP communication hook: each gradient bucket averaged over the ranks
@@ -355,9 +439,16 @@ public:
     default: fail(op, pg_->getRank(), std::string("gradient dtype ") + c10::toString(buf.scalar_type()) +
                                           " cannot be compressed (floating-point only)");
     }
-    guarded([&] { c_->allreduce_mean(buf.data_ptr(), static_cast<std::size_t>(buf.numel()), e, bucket.getIndex()); });
     auto fut = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get());
-    fut->markCompleted(c10::IValue(buf));
+    pg_->post([c = c_, fut, buf, e, key = bucket.getIndex()]() mutable {
+      try {
+        guarded([&] { c->allreduce_mean(buf.data_ptr(), static_cast<std::size_t>(buf.numel()), e, key); });
+      } catch (...) {
+        fut->setError(std::current_exception());
+        return;
+      }
+      fut->markCompleted(c10::IValue(buf));
+    });
     return fut;
   }
 
@@ -371,7 +462,7 @@ public:
 
 private:
   c10::intrusive_ptr<ProcessGroupGradsync> pg_;
-  std::unique_ptr<compressor> c_;
+  std::shared_ptr<compressor> c_; // shared with the buckets still queued
 };
 
 } // namespace torch_gradsync

@@ -6,7 +6,8 @@
 2. The same small MLP trained with DDP three ways from the same seed and
    data: Gloo backend, gradsync backend, gradsync backend with gradsync's
    compressed comm hook (--codec, default int8): the loss curves and the
-   median step times.
+   median step times, beside the same model trained without DDP (no
+   gradient exchange: the compute time alone).
 
 Exits 1 if the gradsync backend's losses differ from Gloo's by more than
 rounding (1e-4 relative), or the compressed run's final loss is not within
@@ -61,30 +62,44 @@ def data(rank, step, batch):
     return x, torch.tanh(x @ w) + 0.01 * torch.randn(batch, 8, generator=g)
 
 
-def train(rank, group, steps, hidden, codec=None):
+def train(rank, configs, steps, hidden):
+    """{name: (losses, step times)} for DDP runs configured {name: (group, codec or None)}.
+
+    The runs train side by side, one step of each in turn, in an order that
+    rotates every step: the machine's drift (other load, clocks) then falls on
+    all of them alike, where runs one after another differed by +-10 ms here.
+    """
     import torch_gradsync
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, hidden),
-                                torch.nn.Tanh(), torch.nn.Linear(hidden, hidden), torch.nn.Tanh(),
-                                torch.nn.Linear(hidden, 8))
-    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
-    if codec is not None:
-        torch_gradsync.register_comm_hook(ddp.reducer, group, codec)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-    losses, times = [], []
+    runs = {}
+    for name, (group, codec) in configs.items():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, hidden),
+                                    torch.nn.Tanh(), torch.nn.Linear(hidden, hidden), torch.nn.Tanh(),
+                                    torch.nn.Linear(hidden, 8))
+        # group None: the model alone, no gradient exchange (compute time alone)
+        ddp = model if group is None else torch.nn.parallel.DistributedDataParallel(model, process_group=group)
+        if codec is not None:
+            torch_gradsync.register_comm_hook(ddp.reducer, group, codec)
+        runs[name] = (ddp, torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9))
+    out = {name: ([], []) for name in configs}
+    names = list(configs)
     for step in range(steps):
         x, y = data(rank, step, 128)
-        dist.barrier()
-        t0 = time.perf_counter()
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(ddp(x), y)
-        loss.backward()
-        opt.step()
-        times.append(time.perf_counter() - t0)
-        l = loss.detach().clone()
-        dist.all_reduce(l)
-        losses.append(l.item() / dist.get_world_size())
-    return losses, times
+        k = step % len(names)
+        for name in names[k:] + names[:k]:
+            ddp, opt = runs[name]
+            losses, times = out[name]
+            dist.barrier()
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(ddp(x), y)
+            loss.backward()
+            opt.step()
+            times.append(time.perf_counter() - t0)
+            l = loss.detach().clone()
+            dist.all_reduce(l)
+            losses.append(l.item() / dist.get_world_size())
+    return out
 
 
 def worker(rank, world, store, args, failed):
@@ -103,9 +118,8 @@ def worker(rank, world, store, args, failed):
             for (b, gt, gb), (_, st, sb) in zip(res["gloo"], res["gradsync"]):
                 print(f"{b:>10} {gt:>10.1f} {gb:>11.3f} {st:>12.1f} {sb:>9.3f} {sb / gb:>6.2f}")
             print()
-    runs = {"gloo": train(rank, gloo, args.steps, args.hidden),
-            "gradsync": train(rank, gs, args.steps, args.hidden),
-            f"gradsync+{args.codec}": train(rank, gs, args.steps, args.hidden, args.codec)}
+    runs = train(rank, {"gloo": (gloo, None), "gradsync": (gs, None), f"gradsync+{args.codec}": (gs, args.codec),
+                        "compute alone": (None, None)}, args.steps, args.hidden)
     if lead:
         names = list(runs)
         print(f"DDP, MLP 64-{args.hidden}x3-8, {world} processes: loss per step")

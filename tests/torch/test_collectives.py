@@ -7,8 +7,11 @@ bfloat16, int32, int64), at sizes from 1 element to 1 Mi, contiguous and
 not; plus broadcast and all_gather of dtypes that only move bytes (uint8,
 bool, complex64). Where Gloo has the op (1.13 lacks reduce_scatter and AVG)
 the results must equal Gloo's to rounding; always they must equal the
-reference each rank computes from every rank's input."""
+reference each rank computes from every rank's input. Calls return before
+their collective has run (the group's worker runs them in call order).
+"""
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -69,10 +72,34 @@ def gloo_has(fn):
         raise
 
 
+def check_async(rank, world, gs):
+    """async_op=True returns at once: rank 0's all_reduce is still pending while
+    rank 1 sleeps before its call; many outstanding calls complete in order."""
+    x = torch.full((1000,), float(rank + 1))
+    if rank != 0:
+        time.sleep(1.0)
+    w = dist.all_reduce(x, group=gs, async_op=True)
+    if rank == 0:
+        assert not w.is_completed(), "all_reduce(async_op=True) completed before rank 1 called"
+    w.wait()
+    assert w.is_completed() and w.is_success()
+    assert torch.equal(x, torch.full((1000,), world * (world + 1) / 2)), x[:4]
+    xs = [torch.full((257 * (k + 1),), float(k * world + rank)) for k in range(20)]
+    works = [dist.all_reduce(t, group=gs, async_op=True) for t in xs]
+    works.append(dist.broadcast(xs[0], 1, group=gs, async_op=True))  # after the 20 sums, in order
+    for w in works:
+        w.wait()
+    for k, t in enumerate(xs[1:], start=1):
+        want = float(sum(k * world + q for q in range(world)))
+        assert torch.equal(t, torch.full_like(t, want)), (k, t[:2])
+    assert torch.equal(xs[0], torch.full_like(xs[0], float(sum(range(world))))), xs[0][:2]
+
+
 def run(rank, world):
     gs = dist.new_group(backend="gradsync")
     want_transport = "mpi" if torch_gradsync_mpi() else "shm"
     assert gs.transport == want_transport, (gs.transport, want_transport)
+    check_async(rank, world, gs)
     gloo = dist.new_group(backend="gloo")
     checked = 0
     against_gloo = set()
