@@ -95,12 +95,19 @@ result allreduce(C& c, const K& k, typename K::state& st, typename K::value_type
   }
   const auto mine = std::span<const std::byte>(payload.data(), res.payload);
   const auto decoding = [&](std::size_t elements) { return element_phase(trace, "decode", "codec", elements); };
+  bool acc_zero = false; // acc already zeroed for the sparse sum
   if (residual) {
     const auto phase = decoding(n);
     std::fill(acc.begin(), acc.end(), A(0));
     k.decode_accumulate(mine, acc);
-    for (std::size_t i = 0; i < n; ++i)
-      if (const A e = widen(data[i]) - acc[i]; std::isfinite(static_cast<double>(e))) residual[i] += e;
+    // Zeroes acc as it reads it: the sparse sum needs it zero, and this
+    // saves a write pass over all n (the tensor is large, the payload small).
+    for (std::size_t i = 0; i < n; ++i) {
+      const A a = acc[i];
+      acc[i] = A(0);
+      if (const A e = widen(data[i]) - a; std::isfinite(static_cast<double>(e))) residual[i] += e;
+    }
+    acc_zero = true;
   }
   std::vector<std::size_t> sizes(static_cast<std::size_t>(p), 0);
   {
@@ -126,7 +133,7 @@ result allreduce(C& c, const K& k, typename K::state& st, typename K::value_type
   gather(c, mine, sizes, gathered.data(), tag + 1);
   res.received = total - res.payload;
   const auto phase = decoding(n * static_cast<std::size_t>(p));
-  std::fill(acc.begin(), acc.end(), A(0));
+  if (!acc_zero) std::fill(acc.begin(), acc.end(), A(0));
   std::size_t at = 0;
   for (int q = 0; q < p; ++q) {
     k.decode_accumulate(std::span<const std::byte>(gathered.data() + at, sizes[q]), acc);
