@@ -311,12 +311,13 @@ void compressed_allreduce(C& c, std::span<T> data, const compression& z, compres
     }
 
     // Error feedback: fold the residual in; the new residual starts as the
-    // rounding of that sum to T (nothing for float) and takes each encode's error.
+    // rounding of that sum to T (nothing for float) and takes each encode's
+    // error. (The sparse path folds in its own first pass.)
     A* residual = nullptr;
     if (z.error_feedback) {
       if (st.residual.size() != n) st.residual.assign(n, A(0));
       residual = st.residual.data();
-      for (std::size_t i = 0; i < n; ++i) {
+      for (std::size_t i = 0; i < n && family != compress::codec_family::sparse; ++i) {
         const A v = widen(data[i]) + residual[i];
         data[i] = narrow<T>(v);
         const A e = v - widen(data[i]);

@@ -218,6 +218,91 @@ TEST_CASE("sparse allreduce: allgather + sparse sum, dense past the density rule
   check_sparse<float>("approx_topk:density=0.05", 3, 50000);
 }
 
+namespace {
+
+// Sparse codecs with error feedback over `steps` steps, against the plain
+// form of the scheme replayed here: x = narrow(input + residual), residual =
+// (v - x) + (x - decoded own payload) (non-finite parts dropped), outputs
+// the rank-order sum of all decoded payloads over p. Rank 0's element 5 is
+// +Inf at step 1: it is sent, reaches every output, and leaves the residual.
+template <class T> void check_sparse_feedback(const char* spec, int p, std::size_t n, int steps) {
+  INFO(std::string(spec) << " ranks=" << p << " n=" << n);
+  using A = accum_t<T>;
+  const compression z{.codec = gc::parse_spec(spec), .error_feedback = true, .seed = 9};
+  const auto in = [&](int r, int t) {
+    auto v = input<T>(r, n, t);
+    if (r == 0 && t == 1 && n > 5) v[5] = static_cast<T>(INFINITY);
+    return v;
+  };
+  std::vector<std::vector<T>> got(static_cast<std::size_t>(p) * static_cast<std::size_t>(steps));
+  std::vector<std::vector<A>> res_got(static_cast<std::size_t>(p));
+  std::vector<compressed_path> paths(static_cast<std::size_t>(p));
+  inproc::run(p, [&](inproc::communicator& c) {
+    compress_state<T> st;
+    for (int t = 0; t < steps; ++t) {
+      auto v = in(c.rank(), t);
+      compressed_allreduce(c, std::span<T>(v), z, st, op::avg{});
+      got[static_cast<std::size_t>(t * p + c.rank())] = v;
+    }
+    res_got[c.rank()] = st.residual;
+    paths[c.rank()] = st.last.path;
+  });
+  std::vector<std::vector<A>> res(static_cast<std::size_t>(p), std::vector<A>(n, A(0)));
+  gc::with_codec<T>(z.codec, n, [&](const auto& k, auto st0) {
+    for (int t = 0; t < steps; ++t) {
+      std::vector<A> acc(n, A(0));
+      for (int r = 0; r < p; ++r) {
+        auto x = in(r, t);
+        for (std::size_t i = 0; i < n; ++i) {
+          const A v = widen(x[i]) + res[r][i];
+          x[i] = narrow<T>(v);
+          const A e = v - widen(x[i]);
+          res[r][i] = std::isfinite(static_cast<double>(e)) ? e : A(0);
+        }
+        auto st = st0;
+        if constexpr (requires { st.rank; }) {
+          st.seed = algo::segment_seed(9, 0);
+          st.step = static_cast<std::uint64_t>(t);
+          st.rank = static_cast<std::uint32_t>(r);
+        }
+        std::vector<std::byte> ws(k.workspace_bytes(n)), pl(k.max_encoded_bytes(n));
+        pl.resize(k.encode(std::span<const T>(x), st, ws, pl));
+        std::vector<A> dec(n, A(0));
+        k.decode_accumulate(pl, std::span<A>(dec));
+        for (std::size_t i = 0; i < n; ++i)
+          if (const A e = widen(x[i]) - dec[i]; std::isfinite(static_cast<double>(e))) res[r][i] += e;
+        k.decode_accumulate(pl, std::span<A>(acc));
+      }
+      std::vector<T> want(n);
+      for (std::size_t i = 0; i < n; ++i) want[i] = narrow<T>(acc[i] / static_cast<A>(p));
+      for (int r = 0; r < p; ++r) {
+        INFO("step " << t << " rank " << r);
+        CHECK(same_bits(got[static_cast<std::size_t>(t * p + r)], want));
+      }
+    }
+  });
+  for (int r = 0; r < p; ++r) {
+    INFO("rank " << r);
+    CHECK(paths[r] == compressed_path::sparse);
+    CHECK(same_bits(res_got[r], res[r]));
+    if (n > 5) CHECK(res_got[r][5] == doctest::Approx(static_cast<double>(res_got[r][5]))); // finite
+  }
+}
+
+} // namespace
+
+TEST_CASE("sparse allreduce with error feedback equals the plain scheme bitwise (fold, residual, sum)") {
+  // (Sizes where the sparse path pays; the dense fallback is check_sparse's.)
+  for (int p : {1, 2, 3, 4})
+    for (std::size_t n : {std::size_t{999}, std::size_t{20000}}) {
+      check_sparse_feedback<float>("topk:density=0.01", p, n, 3);
+      check_sparse_feedback<half>("topk:density=0.02", p, n, 3);
+      check_sparse_feedback<bfloat16>("threshold:tau=2.5", p, n, 2); // step 0 sends nothing
+    }
+  check_sparse_feedback<float>("approx_topk:density=0.02", 3, 50000, 3);
+  check_sparse_feedback<double>("topk:density=0.01", 2, 5000, 3);
+}
+
 TEST_CASE("random-k with a shared seed: only the agreed values are reduced") {
   for (int p : {1, 2, 3, 4, 7})
     for (std::size_t n : {std::size_t{1}, std::size_t{100}, std::size_t{10007}})

@@ -206,10 +206,10 @@ TEST_CASE("timeline: compressed_allreduce with int8 records encodes and decodes 
     rank_events x = one_call(ev, r, "compressed_allreduce", n);
     // The compressed ring (one segment per block): p encodes (the step-0
     // send, p-2 re-encoded partial sums, the owner's block); decodes: p-1
-    // received partial sums, the owner's own payload, p-1 gathered blocks,
-    // and with error feedback one per encode.
+    // received partial sums, p-1 gathered blocks, and with error feedback
+    // one per encode (the owner's feedback pass also decodes its block).
     CHECK(x.count["encode"] == p);
-    CHECK(x.count["decode"] == (p - 1) + 1 + (p - 1) + p);
+    CHECK(x.count["decode"] == (p - 1) + (p - 1) + p);
     CHECK(x.count["reduce"] == 0);
     CHECK(x.count["wait"] == x.count["send"] + x.count["recv"]);
     check_nested(x);

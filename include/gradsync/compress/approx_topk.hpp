@@ -50,12 +50,10 @@ struct approx_topk_state {
   std::uint64_t fallbacks = 0;   ///< calls that needed an exact whole-tensor select
 };
 
-/// Sample index j of a tensor of n elements (n <= 2^32): a Philox word
-/// scaled into [0, n) by a 32x32 -> 64-bit multiply (no modulo bias beyond
-/// 2^-32 per index).
+/// Sample index j of a tensor of n elements (sparse::sample_index).
 GRADSYNC_HD inline std::size_t approx_topk_sample_index(const philox_stream& rng, std::size_t j,
                                                         std::size_t n) {
-  return static_cast<std::size_t>((static_cast<std::uint64_t>(rng.bits(j)) * n) >> 32);
+  return sparse::sample_index(rng, j, n);
 }
 
 /// Approximate top-k codec (see the file comment).
@@ -81,13 +79,7 @@ template <float_element T> struct approx_topk {
   }
   /// Sample size for n elements and target k; 0 selects the exact path (when
   /// sampling would read half the tensor anyway).
-  static std::size_t sample_size(std::size_t n, std::size_t k) {
-    if (k == 0 || k >= n) return 0;
-    const double s = std::ceil(static_cast<double>(policy::approx_topk_sample_hits) *
-                               static_cast<double>(n) / static_cast<double>(k));
-    const double m = std::max(s, static_cast<double>(policy::approx_topk_min_sample));
-    return m * 2.0 >= static_cast<double>(n) ? 0 : static_cast<std::size_t>(m); // else: exact
-  }
+  static std::size_t sample_size(std::size_t n, std::size_t k) { return sparse::sample_size(n, k); }
   /// Candidate slots for target k.
   static std::size_t candidate_slots(std::size_t k) {
     return static_cast<std::size_t>(
@@ -141,13 +133,9 @@ template <float_element T> struct approx_topk {
       const auto sample = cur.take<std::uint32_t>(s);
       const auto cand = cur.take<std::uint32_t>(candidate_slots(k));
       const auto hist = cur.take<std::size_t>(sparse::radix_buckets);
-      for (std::size_t j = 0; j < s; ++j) sample[j] = key(approx_topk_sample_index(rng, j, n));
-      const double q = std::ceil(policy::approx_topk_overshoot * static_cast<double>(s) *
-                                 static_cast<double>(k) / static_cast<double>(n));
-      const std::size_t rank = std::min(s, static_cast<std::size_t>(q)) - 1;
-      std::nth_element(sample.begin(), sample.begin() + static_cast<std::ptrdiff_t>(rank),
-                       sample.end(), std::greater<>{});
-      const std::uint32_t thr = sample[rank];
+      const std::uint32_t thr = sparse::sampled_threshold(
+          x, n, k, [&](std::size_t j) { return approx_topk_sample_index(rng, j, n); }, sample,
+          policy::approx_topk_overshoot);
       const std::size_t c = sparse::collect_at_least(x, n, thr, cand.data(), cand.size());
       if (c > cand.size()) {
         ++st.fallbacks;
@@ -168,13 +156,17 @@ template <float_element T> struct approx_topk {
 
   /// out = the sparse tensor of `payload` (zeros off the sent indices).
   void decode(std::span<const std::byte> payload, std::span<T> out) const {
-    check_params(payload);
-    sparse::decode_store<approx_topk>(payload, out);
+    sparse::decode_store(open_entries(payload, out.size()), out);
   }
   /// acc[i] += value for every sent entry.
   void decode_accumulate(std::span<const std::byte> payload, std::span<accum_t<T>> acc) const {
+    sparse::decode_add(open_entries(payload, acc.size()), acc);
+  }
+  /// The validated entries of `payload` for a tensor of n elements, read in
+  /// place (sparse::entries): what a sparse reduction visits more than once.
+  sparse::entries<T> open_entries(std::span<const std::byte> payload, std::size_t n) const {
     check_params(payload);
-    sparse::decode_add<approx_topk>(payload, acc);
+    return sparse::open_entries<approx_topk>(payload, n);
   }
 
 private:

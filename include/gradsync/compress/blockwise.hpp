@@ -344,8 +344,72 @@ inline void unpack_codes(const std::byte* codes, std::size_t lo, std::size_t len
   }
 }
 
+/// Where the validation of a blockwise body found its first defect.
+struct body_defect {
+  enum kind_t : std::uint8_t { none, scale, code, padding } kind = none;
+  std::size_t at = 0; ///< the block (scale) or element (code)
+};
+
+/// The validation pass of blockwise_decode (run through host_vectorized):
+/// scales finite and >= 0 or NaN, every code valid and a NaN block's codes
+/// all zero, the last byte's padding bits zero. Reads only.
+template <unsigned B, class Rule>
+inline void check_blocks(Rule rule, const std::byte* scales, const std::byte* codes, std::size_t n,
+                         std::size_t block, body_defect* out) {
+  constexpr std::size_t chunk = 256;
+  alignas(32) std::uint8_t c[chunk];
+  const std::size_t nb = (n + block - 1) / block;
+  for (std::size_t b = 0; b < nb; ++b) {
+    const float s = wire::load<float>(scales + 4 * b);
+    const bool nan = s != s;
+    if (!nan && !(s >= 0.0f && finite(s))) {
+      *out = {body_defect::scale, b};
+      return;
+    }
+    const std::size_t lo = b * block, hi = std::min<std::size_t>(n, lo + block);
+    for (std::size_t i0 = lo; i0 < hi; i0 += chunk) {
+      const std::size_t len = std::min(chunk, hi - i0);
+      unpack_codes<B>(codes, i0, len, c);
+      // Branch-free and without && (which does not vectorise): 4x faster.
+      const unsigned zero_only = nan ? 0xffu : 0u; // a NaN block's codes must be 0
+      unsigned bad = 0;
+      for (std::size_t j = 0; j < len; ++j) bad |= static_cast<unsigned>(!rule.valid(c[j])) | (c[j] & zero_only);
+      if (bad != 0)
+        for (std::size_t j = 0; j < len; ++j)
+          if (!rule.valid(c[j]) || (nan && c[j] != 0)) {
+            *out = {body_defect::code, i0 + j};
+            return;
+          }
+    }
+  }
+  if (const std::size_t used = n * B; used % 8 != 0)
+    if ((static_cast<std::uint32_t>(codes[used / 8]) >> (used % 8)) != 0) *out = {body_defect::padding, 0};
+}
+
+/// The scatter pass of blockwise_decode (run through host_vectorized):
+/// sink(i, fraction(code_i) * scale) for every element, in index order.
+template <unsigned B, class Rule, class Sink>
+inline void scatter_blocks(Rule rule, const std::byte* scales, const std::byte* codes, std::size_t n,
+                           std::size_t block, Sink sink) {
+  constexpr std::size_t chunk = 256;
+  alignas(32) std::uint8_t c[chunk];
+  const std::size_t nb = (n + block - 1) / block;
+  for (std::size_t b = 0; b < nb; ++b) {
+    const float s = wire::load<float>(scales + 4 * b);
+    const std::size_t lo = b * block, hi = std::min<std::size_t>(n, lo + block);
+    for (std::size_t i0 = lo; i0 < hi; i0 += chunk) {
+      const std::size_t len = std::min(chunk, hi - i0);
+      unpack_codes<B>(codes, i0, len, c);
+      for (std::size_t j = 0; j < len; ++j) sink(i0 + j, rule.fraction(c[j]) * s);
+    }
+  }
+}
+
 /// Validates a payload of this family completely, then feeds
-/// sink(i, fraction(code_i) * scale_of_block(i)) for every element.
+/// sink(i, fraction(code_i) * scale_of_block(i)) for every element. Both
+/// passes run as the host's vector clone (host_simd.hpp; the same IEEE
+/// operations either way): baseline SSE2 code decoded int8 at 1.7 ns an
+/// element, a third of the encode's speed.
 template <class Rule, float_element T, class Sink>
 void blockwise_decode(std::span<const std::byte> payload, std::size_t n, Sink sink,
                       const char* op) {
@@ -364,44 +428,27 @@ void blockwise_decode(std::span<const std::byte> payload, std::size_t n, Sink si
   wire::check_body(v, blockwise_body_bytes(n, block, bits), op);
   const std::byte* scales = v.body.data();
   const std::byte* codes = scales + 4 * nb;
-
+  const auto isa = gradsync::detail::best_host_isa();
   dispatch_bits(bits, [&](auto bits_c) {
     constexpr unsigned B = decltype(bits_c)::value;
-    constexpr std::size_t chunk = 256;
-    std::uint8_t c[chunk];
-    // Validation pass: scales, codes, padding. Nothing is written yet.
-    for (std::size_t b = 0; b < nb; ++b) {
-      const float s = wire::load<float>(scales + 4 * b);
-      const bool nan = s != s;
-      if (!nan && !(s >= 0.0f && finite(s)))
-        wire::corrupt(op, "block " + std::to_string(b) + " has an invalid scale " + std::to_string(s));
-      const std::size_t lo = b * block, hi = std::min<std::size_t>(n, lo + block);
-      for (std::size_t i0 = lo; i0 < hi; i0 += chunk) {
-        const std::size_t len = std::min(chunk, hi - i0);
-        unpack_codes<B>(codes, i0, len, c);
-        bool ok = true;
-        for (std::size_t j = 0; j < len; ++j) ok &= rule.valid(c[j]) && !(nan && c[j] != 0);
-        if (!ok)
-          for (std::size_t j = 0; j < len; ++j) // find the culprit for the message
-            if (!rule.valid(c[j]) || (nan && c[j] != 0))
-              wire::corrupt(op, "element " + std::to_string(i0 + j) + " has invalid code " + std::to_string(c[j]) +
-                                 (nan ? " in a poisoned (NaN-scale) block" : ""));
-      }
+    body_defect bad;
+    gradsync::detail::host_vectorized(
+        isa, [](auto... a) { check_blocks<B, Rule>(a...); }, rule, scales, codes, n, std::size_t{block}, &bad);
+    switch (bad.kind) {
+    case body_defect::none: break;
+    case body_defect::scale:
+      wire::corrupt(op, "block " + std::to_string(bad.at) + " has an invalid scale " +
+                            std::to_string(wire::load<float>(scales + 4 * bad.at)));
+    case body_defect::code: {
+      const float s = wire::load<float>(scales + 4 * (bad.at / block));
+      wire::corrupt(op, "element " + std::to_string(bad.at) + " has invalid code " +
+                            std::to_string(get_code<B>(codes, bad.at)) +
+                            (s != s ? " in a poisoned (NaN-scale) block" : ""));
     }
-    if (const std::size_t used = n * B; used % 8 != 0) {
-      const auto last = static_cast<std::uint32_t>(codes[used / 8]);
-      if ((last >> (used % 8)) != 0)
-        wire::corrupt(op, "padding bits of the last code byte are not zero");
+    case body_defect::padding: wire::corrupt(op, "padding bits of the last code byte are not zero");
     }
-    for (std::size_t b = 0; b < nb; ++b) {
-      const float s = wire::load<float>(scales + 4 * b);
-      const std::size_t lo = b * block, hi = std::min<std::size_t>(n, lo + block);
-      for (std::size_t i0 = lo; i0 < hi; i0 += chunk) {
-        const std::size_t len = std::min(chunk, hi - i0);
-        unpack_codes<B>(codes, i0, len, c);
-        for (std::size_t j = 0; j < len; ++j) sink(i0 + j, rule.fraction(c[j]) * s);
-      }
-    }
+    gradsync::detail::host_vectorized(
+        isa, [](auto... a) { scatter_blocks<B, Rule>(a...); }, rule, scales, codes, n, std::size_t{block}, sink);
   });
 }
 
@@ -441,13 +488,16 @@ template <class Rule, float_element T> struct blockwise {
   }
   /// out[i] = decoded element; out.size() must equal the encoded count.
   void decode(std::span<const std::byte> payload, std::span<T> out) const {
-    detail::blockwise_decode<Rule, T>(payload, out.size(), store_sink<T>{out.data()},
-                                      Rule::decode_op);
+    decode_each(payload, out.size(), store_sink<T>{out.data()});
   }
   /// acc[i] += decoded element.
   void decode_accumulate(std::span<const std::byte> payload, std::span<accum_t<T>> acc) const {
-    detail::blockwise_decode<Rule, T>(payload, acc.size(), accumulate_sink<T>{acc.data()},
-                                      Rule::decode_op);
+    decode_each(payload, acc.size(), accumulate_sink<T>{acc.data()});
+  }
+  /// sink(i, decoded element i) for i = 0 .. n-1 after full validation
+  /// (codec.hpp's decodes_each; the sink is inlined into the vector clone).
+  template <class Sink> void decode_each(std::span<const std::byte> payload, std::size_t n, Sink sink) const {
+    detail::blockwise_decode<Rule, T>(payload, n, sink, Rule::decode_op);
   }
 };
 

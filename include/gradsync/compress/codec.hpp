@@ -94,6 +94,17 @@ concept codec =
       { c.decode_accumulate(payload, acc) } -> std::same_as<void>;
     };
 
+/// Optional capability of a dense codec (the block-scaled quantisers):
+/// c.decode_each(payload, n, sink) validates like decode, then calls
+/// sink(i, float value) once per element, i = 0 .. n-1 in order. It is the
+/// loop decode and decode_accumulate share, open to a reduction that fuses
+/// its own per-element work (error feedback, the running sum) into the one
+/// decode pass instead of decoding into scratch and reading it back.
+template <class C, class Sink>
+concept decodes_each = requires(const C c, std::span<const std::byte> payload, std::size_t n, Sink sink) {
+  c.decode_each(payload, n, sink);
+};
+
 // ---------------------------------------------------------------------------
 // Workspace: one caller-owned byte span, carved into aligned typed pieces.
 

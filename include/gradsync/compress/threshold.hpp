@@ -73,13 +73,17 @@ template <float_element T> struct threshold {
 
   /// out = the sparse tensor of `payload` (zeros off the sent indices).
   void decode(std::span<const std::byte> payload, std::span<T> out) const {
-    check_content(payload);
-    sparse::decode_store<threshold>(payload, out);
+    sparse::decode_store(open_entries(payload, out.size()), out);
   }
   /// acc[i] += value for every sent entry.
   void decode_accumulate(std::span<const std::byte> payload, std::span<accum_t<T>> acc) const {
+    sparse::decode_add(open_entries(payload, acc.size()), acc);
+  }
+  /// The validated entries of `payload` for a tensor of n elements, read in
+  /// place (sparse::entries): what a sparse reduction visits more than once.
+  sparse::entries<T> open_entries(std::span<const std::byte> payload, std::size_t n) const {
     check_content(payload);
-    sparse::decode_add<threshold>(payload, acc);
+    return sparse::open_entries<threshold>(payload, n);
   }
 
 private:

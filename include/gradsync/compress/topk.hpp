@@ -6,10 +6,12 @@
 // of the input: every rank, run and device path picks the same set. NaN and
 // Inf rank above every finite magnitude and are sent first.
 //
-// Host path: MSD radix select on the magnitude bits, not a sort: one counting
-// pass over the tensor for the first digit, one collecting the candidates
+// Host path: MSD radix select on the magnitude bits, not a sort, over the
+// candidates one pass collects above a sampled threshold; should the sample
+// miss, one counting pass for the first digit, one collecting the candidates
 // that reach its bucket, the rest over those (sparse::select_top_of); O(n),
-// 16 KiB of counters and 4 k candidate indices of workspace.
+// 16 KiB of counters, 4 k candidate indices and 128 n / k sampled keys of
+// workspace.
 //
 // Parameter block (8 bytes): u64 entries sent (min(k, count)).
 // Body: the sparse body of sparse.hpp.
@@ -54,7 +56,8 @@ template <float_element T> struct topk {
     const std::size_t e = entries(n);
     return e == 0 || e == n ? 0
                             : workspace_piece<std::size_t>(sparse::radix_buckets) +
-                                  workspace_piece<std::uint32_t>(sparse::candidate_slots(e, n));
+                                  workspace_piece<std::uint32_t>(sparse::candidate_slots(e, n)) +
+                                  workspace_piece<std::uint32_t>(sparse::sample_size(n, e));
   }
 
   /// Encodes the entries(n) largest magnitudes of `in`; returns payload bytes.
@@ -72,21 +75,28 @@ template <float_element T> struct topk {
     const bool selects = e != 0 && e != n;
     const auto hist = cur.take<std::size_t>(selects ? sparse::radix_buckets : 0);
     const auto cand = cur.take<std::uint32_t>(selects ? sparse::candidate_slots(e, n) : 0);
+    const auto sample = cur.take<std::uint32_t>(selects ? sparse::sample_size(n, e) : 0);
     const T* x = in.data();
     std::byte* body = w.body().data();
     std::size_t j = 0;
-    sparse::select_top_of(x, n, e, hist, cand,
-                          [&](std::size_t i) { sparse::put<T>(body, e, j++, static_cast<std::uint32_t>(i), x[i]); });
+    sparse::select_top_of(
+        x, n, e, hist, cand, [&](std::size_t i) { sparse::put<T>(body, e, j++, static_cast<std::uint32_t>(i), x[i]); },
+        sample);
     return w.finish(sparse::body_bytes<T>(e));
   }
 
   /// out = the sparse tensor of `payload` (zeros off the sent indices).
   void decode(std::span<const std::byte> payload, std::span<T> out) const {
-    sparse::decode_store<topk>(payload, out);
+    sparse::decode_store(open_entries(payload, out.size()), out);
   }
   /// acc[i] += value for every sent entry.
   void decode_accumulate(std::span<const std::byte> payload, std::span<accum_t<T>> acc) const {
-    sparse::decode_add<topk>(payload, acc);
+    sparse::decode_add(open_entries(payload, acc.size()), acc);
+  }
+  /// The validated entries of `payload` for a tensor of n elements, read in
+  /// place (sparse::entries): what a sparse reduction visits more than once.
+  sparse::entries<T> open_entries(std::span<const std::byte> payload, std::size_t n) const {
+    return sparse::open_entries<topk>(payload, n);
   }
 };
 
