@@ -60,7 +60,9 @@ def series(rows):
         if algo == "limit":
             limits[key] = max(limits[key], bw)
         elif algo.startswith("z:"):
-            comp[key][r.get("codec", algo[2:]) + (" (automatic)" if r.get("mode") == "automatic" else "")].append((b, bw))
+            mode = r.get("mode")
+            label = "dense, in place" if mode == "never" else r.get("codec", algo[2:]) + (" (automatic)" if mode == "automatic" else "")
+            comp[key][label].append((b, bw))
         elif algo == "native":
             native[(key[0], key[2])].append((b, bw))
         else:

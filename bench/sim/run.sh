@@ -1,22 +1,33 @@
 #!/bin/sh
-# Runs the SMPI build of gradsync-bench gossip on the two-level platform
-# (cluster.xml: nodes of 8 ranks, 10 Gbit/s between nodes):
-#   bench/sim/run.sh NP [gossip options...]
+# Runs the SMPI build of gradsync-bench gossip on a two-level platform:
+#   bench/sim/run.sh [--rail] NP [gossip options...]
 # e.g. bench/sim/run.sh 64 -g one_peer -b 1M -e 4M -f 4 -n 3 -w 1
+# Default platform: cluster.xml (nodes of 8 ranks sharing one 10 Gbit/s NIC).
+# --rail: rail.py's platform (the same links, but one NIC per rank, as GPU
+# clusters are built).
 # Computation is not simulated (smpi/simulate-computation:no): the times are
 # the network's alone, the same on any host running the simulation.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 bin=${GRADSYNC_SMPI_BIN:-$here/../../build-sim/gradsync-bench-smpi}
+rail=0
+if [ "${1:-}" = --rail ]; then rail=1; shift; fi
 np=$1
 shift
-hosts=$(mktemp)
-trap 'rm -f "$hosts"' EXIT
-n=0
-while [ "$n" -lt "$np" ]; do
-  echo "node-$((n / 8))" >> "$hosts"
-  n=$((n + 1))
-done
-exec smpirun -np "$np" -platform "$here/cluster.xml" -hostfile "$hosts" \
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+if [ "$rail" = 1 ]; then
+  platform=$tmp/rail.xml
+  python3 "$here/rail.py" "$np" "$platform" "$tmp/hosts"
+else
+  platform=$here/cluster.xml
+  n=0
+  while [ "$n" -lt "$np" ]; do
+    echo "node-$((n / 8))" >> "$tmp/hosts"
+    n=$((n + 1))
+  done
+fi
+# Not exec: the trap removes the generated platform afterwards.
+smpirun -np "$np" -platform "$platform" -hostfile "$tmp/hosts" \
   --cfg=smpi/simulate-computation:no --cfg=smpi/test:1e-7 --cfg=smpi/display-timing:yes --log=root.thres:warning \
   "$bin" gossip -t mpi "$@"

@@ -120,6 +120,7 @@ inline kernel_costs measure_kernels() {
 /// on transports without an arena, where direct cannot run.
 struct direct_times {
   double small = 0, large = 0;
+  double ring = 0; ///< the ring allreduce of policy::calibrate_bytes over the same transport
 };
 static_assert(policy::calibrate_bytes > policy::shm_direct_small_bytes);
 template <transport C> direct_times time_direct(C& c) {
@@ -129,7 +130,10 @@ template <transport C> direct_times time_direct(C& c) {
     auto best = [&](std::size_t n, int iters) {
       return best_seconds(iters, [&] { allreduce(c, std::span<float>(x.data(), n), op::max{}, direct); });
     };
-    return {best(1, policy::calibrate_iters), best(x.size(), policy::calibrate_iters / 4 + 1)};
+    const options ring{.algo = algorithm::ring};
+    const double ring_s = best_seconds(policy::calibrate_iters / 4 + 1,
+                                       [&] { allreduce(c, std::span<float>(x), op::max{}, ring); });
+    return {best(1, policy::calibrate_iters), best(x.size(), policy::calibrate_iters / 4 + 1), ring_s};
   } else {
     return {};
   }
@@ -190,7 +194,7 @@ template <transport C> selector calibrate(C& c, int group_size = 0, const option
   // hash and its negation (equal everywhere iff max(h) == -max(-h)), error
   // flag, memcpy cost, the direct allreduce's times.
   std::vector<double> v{local.alpha, local.beta, global.alpha, global.beta, kernels.gamma,
-                        h, -h, parse_error ? 1.0 : 0.0, kernels.copy, direct.small, direct.large};
+                        h, -h, parse_error ? 1.0 : 0.0, kernels.copy, direct.small, direct.large, direct.ring};
   // A fixed schedule: `automatic` would consult a model, which is what this
   // call is still agreeing on.
   allreduce(c, std::span<double>(v), op::max{}, options{.algo = algorithm::ring, .tag = o.tag});
@@ -214,6 +218,18 @@ template <transport C> selector calibrate(C& c, int group_size = 0, const option
       cost_model no_copy = m;
       no_copy.arena.copy = 0;
       m.arena.copy = std::max(0.0, v[10] - no_copy.direct(n, p)) / (2 * n);
+      // Message schedules over shared memory pay more per byte than the
+      // exchange step shows (its buffers stay warm; a ring's segments and
+      // staging do not): with the step's beta the ring was modelled 1.4-2x
+      // too fast (1-64 MiB, 2 ranks) and, the step's beta varying 2-4e-10
+      // between runs, `automatic` took it over direct in 1 of 3 bench runs
+      // (33 vs 16.6 ms at 64 MiB). Beta is the larger of the step's and the
+      // one the timed ring implies.
+      link_cost no_beta = m.local;
+      no_beta.beta = 0;
+      const double implied = (v[11] - cost_model::flat(algorithm::ring, n, p, no_beta, 0)) / (2.0 * (p - 1) / p * n);
+      m.local.beta = std::max(m.local.beta, implied);
+      if (groups.count() <= 1) m.global = m.local;
     }
   }
   return selector(m, std::move(table));

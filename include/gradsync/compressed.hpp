@@ -312,17 +312,14 @@ void compressed_allreduce(C& c, std::span<T> data, const compression& z, compres
 
     // Error feedback: fold the residual in; the new residual starts as the
     // rounding of that sum to T (nothing for float) and takes each encode's
-    // error. (The sparse path folds in its own first pass.)
+    // error. (The sparse path folds in its own first pass, the quantizers'
+    // segment op at each element's first read, inside the pipeline.)
     A* residual = nullptr;
     if (z.error_feedback) {
       if (st.residual.size() != n) st.residual.assign(n, A(0));
       residual = st.residual.data();
-      for (std::size_t i = 0; i < n && family != compress::codec_family::sparse; ++i) {
-        const A v = widen(data[i]) + residual[i];
-        data[i] = narrow<T>(v);
-        const A e = v - widen(data[i]);
-        residual[i] = std::isfinite(static_cast<double>(e)) ? e : A(0);
-      }
+      if (family != compress::codec_family::sparse && family != compress::codec_family::quantizer)
+        algo::fold_residual(data.data(), residual, n);
     }
     std::size_t sent = 0;
     detail::counted<C> cc{c, &sent};
@@ -337,7 +334,7 @@ void compressed_allreduce(C& c, std::span<T> data, const compression& z, compres
         using K = std::remove_cvref_t<decltype(k)>;
         if constexpr (compress::family_of<K>() == compress::codec_family::quantizer) {
         const algo::compressed_ring::call<K> x{.seed = z.seed, .step = step, .average = average, .residual = residual,
-                                               .seg_bytes = z.segment(), .tag = o.tag};
+                                               .fold = residual != nullptr, .seg_bytes = z.segment(), .tag = o.tag};
         const bool two = quant == compressed_path::two_step;
         const std::size_t need = two ? algo::compressed_two_step::workspace_bytes(k, p, n, z.segment(), residual != nullptr)
                                      : algo::compressed_ring::workspace_bytes(k, p, n, z.segment(), residual);

@@ -17,6 +17,7 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -716,6 +717,71 @@ TEST_CASE("shm_direct: reduce_scatter and allgather on 1..4 ranks, in and out of
       }
     }, 90s);
     check_all_ok(res);
+  }
+}
+
+// ---- gossip over the arena (neighbor_allreduce's shared-memory path) --------
+
+#include <gradsync/gossip/neighbor_allreduce.hpp>
+
+#include "../gossip/reference.hpp"
+
+TEST_CASE("shm: neighbor_allreduce through the arena equals the serial replay bitwise, 1..4 ranks") {
+  namespace gs = gradsync::gossip;
+  namespace ref = gradsync::test::gossip_ref;
+  const std::size_t big = 3 * gradsync::policy::shm_arena_bytes / 2 / sizeof(float) + 17; // several rounds
+  for (int p = 1; p <= 4; ++p) {
+    CAPTURE(p);
+    std::vector<gs::graph> graphs{gs::one_peer_exponential(p), gs::ring(p), gs::ring(p, gs::weighting::metropolis_hastings),
+                                  gs::full(p), gs::star(p), gs::exponential(p)};
+    auto res = spawn(p, [&](communicator& c) {
+      const int r = c.rank();
+      const auto R = static_cast<std::size_t>(r);
+      auto check = [&]<class T>(T, const gs::graph& g, std::size_t n) {
+        const std::string at = " (" + g.name() + ", " + std::string(gradsync::dtype_name(gradsync::dtype_traits<T>::id)) +
+                               ", count " + std::to_string(n) + ")";
+        std::vector<std::vector<T>> want(static_cast<std::size_t>(p), std::vector<T>(n));
+        for (int q = 0; q < p; ++q)
+          for (std::size_t i = 0; i < n; ++i) want[static_cast<std::size_t>(q)][i] = ref::to_elem<T>(ref::input(q, i));
+        std::vector<T> x = want[R];
+        std::size_t sent = 0, want_sent = 0;
+        for (std::uint64_t s = 0; s < 3; ++s) {
+          sent += gs::neighbor_allreduce(c, std::span<T>(x), g, s).bytes_sent;
+          ref::replay(g.at(s), want);
+          want_sent += g.at(s).out(r).size() * n * sizeof(T);
+        }
+        expect(std::memcmp(x.data(), want[R].data(), n * sizeof(T)) == 0, "bitwise equal to the replay" + at);
+        expect(sent == want_sent, "bytes sent" + at);
+      };
+      for (const gs::graph& g : graphs)
+        for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{37}}) {
+          check(float{}, g, n);
+          check(double{}, g, n);
+          check(std::int32_t{}, g, n);
+          check(gradsync::half{}, g, n);
+        }
+      check(float{}, graphs[0], big);
+      check(double{}, graphs[1], big / 2 + 3);
+      // interleaved with an arena allreduce (they share the arena's rounds)
+      std::vector<float> v(1000, static_cast<float>(r + 1));
+      gradsync::allreduce(c, std::span<float>(v), gradsync::op::sum{});
+      expect(v[999] == static_cast<float>(p * (p + 1) / 2), "allreduce after gossip");
+      check(float{}, graphs[0], 5000);
+    }, 120s);
+    check_all_ok(res);
+  }
+}
+
+TEST_CASE("shm: neighbor_allreduce ranks that disagree on the count all fail") {
+  auto res = spawn(3, [](communicator& c) {
+    std::vector<float> x(c.rank() == 1 ? 1000 : 999, 1.0f);
+    gradsync::gossip::neighbor_allreduce(c, std::span<float>(x), gradsync::gossip::ring(3), 0);
+  });
+  for (std::size_t r = 0; r < res.size(); ++r) {
+    INFO("rank " << r << ": " << res[r].message);
+    CHECK(!res[r].hung);
+    CHECK(res[r].code == 1);
+    CHECK((contains(res[r].message, "1000") || contains(res[r].message, "aborted")));
   }
 }
 

@@ -31,7 +31,7 @@ template <compress::codec K> struct plan {
   using T = typename K::value_type;
   using A = accum_t<T>;
   segmentation g;
-  std::size_t stride = 0, ring = 0, kept = 0, acc = 0, enc = 0;
+  std::size_t stride = 0, ring = 0, early = 0, kept = 0, acc = 0, enc = 0;
 
   plan(const K& k, int ranks, std::size_t count, std::size_t seg_bytes, bool feedback) {
     const partition blocks{count, static_cast<std::size_t>(ranks)};
@@ -41,12 +41,13 @@ template <compress::codec K> struct plan {
     stride = payload_slot_bytes(k, max_seg);
     const codec_segment_op<K> probe{.enc = {.codec = &k}};
     ring = ranks == 1 ? 0 : ring::phase_scratch_bytes(probe, blocks, sizeof(T), seg_bytes, ranks, true);
+    early = ring::fused_scratch_bytes(probe, blocks, sizeof(T), seg_bytes, ranks);
     kept = (ranks == 1 ? 1 : g.nseg) * stride;
     acc = compress::workspace_piece<A>(max_seg);
     enc = codec_encoder<K>::scratch_bytes(k, max_seg, feedback);
   }
   std::size_t max_seg(int ranks, std::size_t count) const { return ranks == 1 ? count : g.max_seg; }
-  std::size_t bytes() const { return ring + kept + acc + enc + 16; }
+  std::size_t bytes() const { return ring + early + kept + acc + enc + 16; }
 };
 
 /// Scratch bytes of allreduce() for `count` elements on `ranks` ranks.
@@ -60,6 +61,7 @@ template <compress::codec K> struct call {
   std::uint64_t seed = 0, step = 0;
   bool average = true;
   accum_t<typename K::value_type>* residual = nullptr; ///< count accumulators, or nullptr
+  bool fold = false; ///< fold the previous residual into each element at its first read (else folded already)
   std::size_t seg_bytes = 0;
   int tag = 0;
   std::size_t* encoded_bytes = nullptr; ///< payload bytes this rank produced (added to)
@@ -82,13 +84,16 @@ codec_segment_op<K> segment_op_for(const K& k, const call<K>& x, const C& c, typ
           .acc = acc,
           .kept_mem = kept_mem,
           .kept_stride = stride,
-          .kept = &kept};
+          .kept = &kept,
+          .fold = x.fold ? x.residual : nullptr,
+          .data = data};
 }
 
 /// Compressed ring allreduce of `count` elements in place on `data` with
 /// codec `k`; `ws` holds workspace_bytes(...) bytes. With a residual, errors
-/// of this rank's encodes are added to it (the caller folds the previous
-/// residual into `data` first).
+/// of this rank's encodes are added to it (the previous residual folded into
+/// `data` by the caller first, or by the op at each element's first read
+/// with x.fold).
 template <transport C, compress::codec K>
 void allreduce(C& c, const K& k, typename K::value_type* data, std::size_t count, const call<K>& x,
                std::span<std::byte> ws) {
@@ -101,6 +106,7 @@ void allreduce(C& c, const K& k, typename K::value_type* data, std::size_t count
                        " needed");
   compress::workspace_cursor cur(ws, "allreduce.compressed");
   std::byte* ring_mem = cur.take<std::byte>(pl.ring).data();
+  std::byte* early_mem = cur.take<std::byte>(pl.early).data();
   std::byte* kept_mem = cur.take<std::byte>(pl.kept).data();
   const std::size_t max_seg = pl.max_seg(p, count);
   A* acc = cur.take<A>(max_seg).data();
@@ -109,10 +115,7 @@ void allreduce(C& c, const K& k, typename K::value_type* data, std::size_t count
   auto sop = segment_op_for(k, x, c, data, acc, kept_mem, pl.stride, kept);
   sop.enc.carve(cur.rest(), max_seg, x.residual != nullptr, "allreduce.compressed");
   const partition blocks{count, static_cast<std::size_t>(p)};
-  ring::reduce_scatter(c, sop, data, data + blocks.offset(static_cast<std::size_t>(r)), blocks, x.seg_bytes,
-                       x.tag, ring_mem);
-  sop.gather = true;
-  ring::allgather(c, sop, data, blocks, x.seg_bytes, x.tag, ring_mem);
+  ring::allreduce_fused(c, sop, data, blocks, x.seg_bytes, x.tag, ring_mem, early_mem);
 }
 
 } // namespace gradsync::algo::compressed_ring

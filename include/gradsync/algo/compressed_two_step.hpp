@@ -38,7 +38,7 @@ template <compress::codec K> struct plan {
     sent = ranks == 1 ? 0 : p * ring.g.nseg * ring.stride;
     received = ranks == 1 ? 0 : (p - 1) * ring.g.nseg * ring.stride;
   }
-  std::size_t bytes() const { return ring.bytes() + sent + received + 32; }
+  std::size_t bytes() const { return ring.bytes() - ring.early + sent + received + 32; } // (no fused ring)
 };
 
 /// Scratch bytes of allreduce() for `count` elements on `ranks` ranks.

@@ -16,6 +16,8 @@
 
 #include <cstddef>
 #include <optional>
+#include <span>
+#include <utility>
 #include <vector>
 
 #include "../core/ops.hpp"
@@ -52,6 +54,18 @@ inline std::size_t scratch_elems(const partition& blocks, std::size_t elem_bytes
 
 namespace detail {
 
+// A fused allreduce's allgather step 0 (allreduce_fused): its receives,
+// posted before the reduce-scatter (one per segment of the own block's
+// predecessor, in segment order, into their own staging), and the
+// reduce-scatter's recv-reduce-copy-sends that feed the successor's.
+template <transport C, segment_op S> struct early_gather {
+  using rreq = decltype(post_recv<S>(std::declval<C&>(), std::span<std::byte>{}, 0, 0));
+  int tag = 0;
+  std::vector<std::optional<rreq>> recvs;
+  std::vector<std::span<std::byte>> at;
+  std::vector<request_t<C>> sends;
+};
+
 // One phase of the ring (p-1 steps) over the primitives. Items are taken
 // segment-major: segment j goes through all steps before segment j+1
 // starts, so the item a rank forwards is the very next one its successor
@@ -65,9 +79,15 @@ namespace detail {
 // step), with `mine` the local operand; otherwise recv-copy-send into `dst`
 // (`mine` is what step 0 sends). Received segments are staged in rotating
 // slots unless the operation copies in place.
+//
+// With `early` (a fused allreduce): the reduce-scatter's last step also
+// sends each finished segment on as the allgather's step 0 (on early->tag);
+// the allgather phase then posts no step-0 sends and takes its step-0
+// segments from the receives posted before the reduce-scatter.
 template <bool Reduce, transport C, segment_op S, class RecvBlock, class DstOf>
 void phase(C& c, const S& sop, const segmentation& g, RecvBlock recv_block, std::size_t send0,
-           const typename S::value_type* mine, DstOf dst_of, std::byte* scratch, int tag) {
+           const typename S::value_type* mine, DstOf dst_of, std::byte* scratch, int tag,
+           early_gather<C, S>* early = nullptr) {
   using T = typename S::value_type;
   const int p = c.size(), r = c.rank();
   const int next = mod(r + 1, p), prev = mod(r - 1, p);
@@ -94,6 +114,7 @@ void phase(C& c, const S& sop, const segmentation& g, RecvBlock recv_block, std:
   for (std::size_t j = 0; j < g.nseg; ++j)
     for (std::size_t s = 0; s < steps; ++s) {
       if (s == 0) {
+        if (!Reduce && early) continue; // sent by the reduce-scatter
         if (const auto n = g.size(send0, j)) out_items.push_back({SIZE_MAX, j, n});
       } else if (const auto q = index[j * steps + s - 1]; q != SIZE_MAX) {
         out_items.push_back({q, j, in_items[q].n});
@@ -108,6 +129,8 @@ void phase(C& c, const S& sop, const segmentation& g, RecvBlock recv_block, std:
   std::vector<bool> ready(in_items.size(), false);
   std::vector<req> sends;                                  // waited at the end
   std::vector<std::optional<req>> sq(staged ? slots : 0);  // forwards out of slot q % slots
+  // An allgather step-0 item of a fused allreduce: received into early->at.
+  auto pre_posted = [&](std::size_t q) { return !Reduce && early && in_items[q].s == 0; };
   std::size_t k = 0, first = 0;
   auto pump = [&] {
     for (; k < out_items.size(); ++k) {
@@ -124,7 +147,8 @@ void phase(C& c, const S& sop, const segmentation& g, RecvBlock recv_block, std:
         continue;
       }
       if (!ready[o.from]) return; // not received yet
-      if constexpr (staged) sq[o.from % slots].emplace(c.isend(fwd[o.from], next, tag));
+      const bool slotted = staged && !pre_posted(o.from); // early receives have their own staging
+      if (slotted) sq[o.from % slots].emplace(c.isend(fwd[o.from], next, tag));
       else sends.push_back(c.isend(fwd[o.from], next, tag));
     }
   };
@@ -134,6 +158,7 @@ void phase(C& c, const S& sop, const segmentation& g, RecvBlock recv_block, std:
   std::vector<std::span<std::byte>> target(ring_slots);
   auto post = [&](std::size_t q) {
     const auto& it = in_items[q];
+    if (pre_posted(q)) return;
     std::span<std::byte> t;
     if constexpr (staged) {
       if (auto& pending = sq[q % slots]) { pending->wait(); pending.reset(); }
@@ -147,18 +172,34 @@ void phase(C& c, const S& sop, const segmentation& g, RecvBlock recv_block, std:
   sop.fence(); // what step 0 sends may have been written by the executor
   pump();
   for (std::size_t q = 0; q < std::min(depth, in_items.size()); ++q) post(q);
+  std::size_t next_early = 0;
   for (std::size_t q = 0; q < in_items.size(); ++q) {
-    auto& rr = *rq[q % ring_slots];
-    rr.wait();
-    const std::span<std::byte> got = arrived<S>(rr, target[q % ring_slots]);
-    rq[q % ring_slots].reset();
+    std::span<std::byte> got;
+    if (pre_posted(q)) {
+      auto& rr = *early->recvs[next_early];
+      rr.wait();
+      got = arrived<S>(rr, early->at[next_early]);
+      early->recvs[next_early++].reset();
+    } else {
+      auto& rr = *rq[q % ring_slots];
+      rr.wait();
+      got = arrived<S>(rr, target[q % ring_slots]);
+      rq[q % ring_slots].reset();
+    }
     const auto& it = in_items[q];
     const bool last = it.s + 1 == steps;
     if constexpr (Reduce) {
       const T* local = mine + g.offset(it.b, it.j);
-      if (last) sop.reduce_copy(got, local, dst_of(it.b, it.j), it.n); // recv-reduce-copy
-      else fwd[q] = sop.reduce(got, local, it.n, slot(q));             // recv-reduce-send
-      if (!last) sop.fence();
+      if (last) {
+        const auto w = sop.reduce_copy(got, local, dst_of(it.b, it.j), it.n); // recv-reduce-copy
+        if (early) { // -send: the allgather's step 0 (w views the final segment or its kept payload)
+          sop.fence();
+          early->sends.push_back(c.isend(w, next, early->tag));
+        }
+      } else {
+        fwd[q] = sop.reduce(got, local, it.n, slot(q)); // recv-reduce-send
+        sop.fence();
+      }
     } else {
       sop.copy(got, dst_of(it.b, it.j), it.n); // recv-copy(-send): forward what arrived
       fwd[q] = got;
@@ -180,7 +221,8 @@ void phase(C& c, const S& sop, const segmentation& g, RecvBlock recv_block, std:
 /// phase_scratch_bytes(sop, blocks, ..., true) bytes.
 template <transport C, segment_op S>
 void reduce_scatter(C& c, const S& sop, const typename S::value_type* in, typename S::value_type* own,
-                    const partition& blocks, std::size_t seg_bytes, int tag, std::byte* scratch) {
+                    const partition& blocks, std::size_t seg_bytes, int tag, std::byte* scratch,
+                    detail::early_gather<C, S>* early = nullptr) {
   using T = typename S::value_type;
   const int p = c.size(), r = c.rank();
   if (p == 1) {
@@ -190,7 +232,7 @@ void reduce_scatter(C& c, const S& sop, const typename S::value_type* in, typena
   const auto g = segmentation::make(blocks, sizeof(T), seg_bytes);
   auto recv_block = [&](std::size_t s) { return static_cast<std::size_t>(mod(r - static_cast<long long>(s) - 2, p)); };
   detail::phase<true>(c, sop, g, recv_block, static_cast<std::size_t>(mod(r - 1, p)), in,
-                      [&](std::size_t b, std::size_t j) { return own + g.inner(b, j); }, scratch, tag);
+                      [&](std::size_t b, std::size_t j) { return own + g.inner(b, j); }, scratch, tag, early);
 }
 
 /// Allgather phase over `sop`: every rank holds block r of `out` (laid out
@@ -198,14 +240,59 @@ void reduce_scatter(C& c, const S& sop, const typename S::value_type* in, typena
 /// phase_scratch_bytes(sop, blocks, ..., false) bytes (none for the typed op).
 template <transport C, segment_op S>
 void allgather(C& c, const S& sop, typename S::value_type* out, const partition& blocks,
-               std::size_t seg_bytes, int tag, std::byte* scratch) {
+               std::size_t seg_bytes, int tag, std::byte* scratch, detail::early_gather<C, S>* early = nullptr) {
   using T = typename S::value_type;
   const int p = c.size(), r = c.rank();
   if (p == 1) return;
   const auto g = segmentation::make(blocks, sizeof(T), seg_bytes);
   auto recv_block = [&](std::size_t s) { return static_cast<std::size_t>(mod(r - static_cast<long long>(s) - 1, p)); };
   detail::phase<false>(c, sop, g, recv_block, static_cast<std::size_t>(r), static_cast<const T*>(out),
-                       [&](std::size_t b, std::size_t j) { return out + g.offset(b, j); }, scratch, tag);
+                       [&](std::size_t b, std::size_t j) { return out + g.offset(b, j); }, scratch, tag, early);
+}
+
+/// Staging bytes allreduce_fused needs besides the phases' scratch: one
+/// slot per segment of a block.
+template <segment_op S>
+std::size_t fused_scratch_bytes(const S& sop, const partition& blocks, std::size_t elem_bytes, std::size_t seg_bytes,
+                                int ranks) {
+  if (ranks <= 1) return 0;
+  const auto g = segmentation::make(blocks, elem_bytes, seg_bytes);
+  return g.nseg * slot_stride(sop, g.max_seg);
+}
+
+/// Allreduce in place on `data` over `sop` as one pipeline (NCCL's
+/// recv-reduce-copy-send): the allgather's step-0 receives are posted first,
+/// and the reduce-scatter sends each segment of the own block on as soon as
+/// it is final, so on a slow link the allgather's first half travels while
+/// the reduce-scatter still reduces (before, it waited for the whole
+/// reduce-scatter: int8 over the 1 Gbit/s rig, docs/benchmarks.md). The same
+/// bytes and arithmetic as reduce_scatter + allgather. For operations that
+/// stage what they receive (a codec's); `scratch` holds the phases'
+/// scratch, `early_mem` fused_scratch_bytes. Tags `tag` and `tag + 1`.
+template <transport C, segment_op S>
+void allreduce_fused(C& c, S& sop, typename S::value_type* data, const partition& blocks, std::size_t seg_bytes,
+                     int tag, std::byte* scratch, std::byte* early_mem) {
+  static_assert(!S::in_place_copy, "allreduce_fused stages the allgather's early receives");
+  using T = typename S::value_type;
+  const int p = c.size(), r = c.rank();
+  T* own = data + blocks.offset(static_cast<std::size_t>(r));
+  if (p == 1) {
+    reduce_scatter(c, sop, data, own, blocks, seg_bytes, tag, scratch);
+    return;
+  }
+  const auto g = segmentation::make(blocks, sizeof(T), seg_bytes);
+  const std::size_t stride = slot_stride(sop, g.max_seg), from = static_cast<std::size_t>(mod(r - 1, p));
+  detail::early_gather<C, S> early;
+  early.tag = tag + 1;
+  for (std::size_t j = 0; j < g.nseg; ++j)
+    if (const std::size_t n = g.size(from, j)) {
+      early.at.emplace_back(early_mem + j * stride, sop.slot_bytes(n));
+      early.recvs.emplace_back(post_recv<S>(c, early.at.back(), mod(r - 1, p), early.tag));
+    }
+  reduce_scatter(c, sop, data, own, blocks, seg_bytes, tag, scratch, &early);
+  if constexpr (requires { sop.gather; }) sop.gather = true; // a codec op now forwards its kept payloads
+  allgather(c, sop, data, blocks, seg_bytes, tag, scratch, &early);
+  wait_all(early.sends);
 }
 
 /// Scratch bytes of a typed ring allreduce of `count` elements on `ranks` ranks.

@@ -80,6 +80,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -101,10 +102,12 @@ namespace detail {
 enum counter : int { copied = 0, reduced = 1, drained = 2 };
 
 // Which collective a call is (part of its signature).
-enum class call : std::uint64_t { allreduce = 0, reduce_scatter = 1, allgather = 2, small_allreduce = 3 };
+// (Signatures hold the first four in two bits; small_allreduce only names a
+// class of timed store choices.)
+enum class call : std::uint64_t { allreduce = 0, reduce_scatter = 1, allgather = 2, neighbor = 3, small_allreduce = 4 };
 inline const char* call_name(std::uint64_t k) {
   k &= 3; // (bit 62 of a signature: shared buffers)
-  return k == 1 ? "reduce_scatter" : k == 2 ? "allgather" : "allreduce"; // small_allreduce is never a signature
+  return k == 1 ? "reduce_scatter" : k == 2 ? "allgather" : k == 3 ? "neighbor_allreduce" : "allreduce";
 }
 // Signature bit of a call on shared buffers.
 inline constexpr std::uint64_t on_shared = std::uint64_t{1} << 62;
@@ -609,6 +612,39 @@ void allreduce(C& c, const T* in, T* out, std::size_t count, Op op) {
           if (q != r)
             if (const std::size_t m = part(base, q, off))
               put(c, stream, out + off, static_cast<const T*>(stage<T>(c, q, e) + (off - base)), m);
+      }
+      c.arena_post(drained, e);
+    }
+  });
+}
+
+/// One gossip combine through the arena (gossip/neighbor_allreduce.hpp on
+/// transports with one): every rank stages its `x` once, then updates it
+/// with `combine(x_piece, peers, len)`, where peers[k] is in-neighbour
+/// in[k]'s staged copy of the same piece, read in place. No messages: per
+/// rank one copy in and one combining pass, where a message exchange adds a
+/// copy out and a copy in per neighbour (np=4 one-peer rounds, 4 MiB:
+/// docs/benchmarks.md). Rounds of an arena half; every rank of the group
+/// calls it with the same count (checked, as every call here).
+template <shared_arena C, element T, class Combine>
+void neighbor_combine(C& c, T* x, std::size_t count, std::span<const int> in, Combine combine) {
+  using namespace detail;
+  const char* name = "neighbor_allreduce";
+  if (count == 0) return;
+  const int r = c.rank();
+  const std::size_t cap = arena_elems<T>(c, name);
+  const std::uint64_t sig = signature<T>(call::neighbor, count, op_kind::sum);
+  std::vector<const T*> peers(in.size());
+  std::uint64_t& epoch = c.arena_epoch();
+  with_stores(c, call::neighbor, count * sizeof(T), [&](bool streamed) {
+    for (std::size_t k = 0; k < count; k += cap) {
+      const std::uint64_t e = ++epoch;
+      const std::size_t m = std::min(cap, count - k);
+      open_round(c, e, sig, name, [&] { put(c, streamed, stage<T>(c, r, e), x + k, m); });
+      for (std::size_t j = 0; j < in.size(); ++j) peers[j] = stage<T>(c, in[j], e);
+      {
+        const auto phase = element_phase(trace_of(c), "reduce", "compute", m);
+        combine(x + k, static_cast<const T* const*>(peers.data()), m);
       }
       c.arena_post(drained, e);
     }

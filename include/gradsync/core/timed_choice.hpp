@@ -30,7 +30,7 @@ namespace gradsync::detail {
 class timed_choice {
 public:
   /// Independent kinds of call (e.g. collective x power-of-two size).
-  static constexpr std::size_t classes = 256;
+  static constexpr std::size_t classes = 320;
 
   /// `forced` 0 or 1 always picks that way; -1 (default) measures.
   explicit timed_choice(int forced = -1) : forced_(forced) {}

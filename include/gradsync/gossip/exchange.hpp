@@ -112,15 +112,23 @@ std::size_t exchange(C& c, const mixing& m, std::span<const lane> lanes, receive
 /// follows that order reproduces it bit for bit). A rank with no in-neighbour
 /// keeps x (multiplied by its self weight when that is not 1, which only
 /// a column-stochastic matrix allows).
+/// In-neighbour k's vector is at from[k] (shared memory reads them in place).
 template <class E, class T>
-void combine_neighbors(E& ex, const mixing& m, int rank, T* x, const T* recv, std::size_t n) {
+void combine_neighbors(E& ex, const mixing& m, int rank, T* x, const T* const* from, std::size_t n) {
   const auto in = m.in(rank);
   if (in.empty()) {
     if (m.self(rank) != 1.0) ex.axpby(x, 0.0, x, m.self(rank), n);
     return;
   }
-  for (std::size_t k = 0; k < in.size(); ++k)
-    ex.axpby(x, in[k].weight, recv + k * n, k == 0 ? m.self(rank) : 1.0, n);
+  for (std::size_t k = 0; k < in.size(); ++k) ex.axpby(x, in[k].weight, from[k], k == 0 ? m.self(rank) : 1.0, n);
+}
+
+/// The same combine with the received vectors one after another at recv.
+template <class E, class T>
+void combine_neighbors(E& ex, const mixing& m, int rank, T* x, const T* recv, std::size_t n) {
+  std::vector<const T*> from(m.in(rank).size());
+  for (std::size_t k = 0; k < from.size(); ++k) from[k] = recv + k * n;
+  combine_neighbors(ex, m, rank, x, static_cast<const T* const*>(from.data()), n);
 }
 
 /// The same combine on one double (push-sum's weight), in the same order.

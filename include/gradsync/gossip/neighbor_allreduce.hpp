@@ -9,7 +9,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
+#include "../algo/shm_direct.hpp"
 #include "../collectives.hpp"
 #include "../core/dtype.hpp"
 #include "../core/error.hpp"
@@ -51,6 +53,23 @@ round_report neighbor_allreduce(C& c, E& ex, std::span<T> x, const graph& g, std
   }
   const mixing& m = g.at(step);
   const std::size_t n = x.size();
+  if constexpr (gradsync::detail::arena_for<C, E>) {
+    // Shared memory: combine straight from the neighbours' staged copies
+    // (algo/shm_direct.hpp), no messages, no scratch. Same combine order.
+    round_report rep;
+    gradsync::detail::run_call(
+        c, name, detail::round_fingerprint<T>(call_kind::neighbor_allreduce, n, m, step), n * sizeof(T), o.collective, [&] {
+          const auto in = m.in(r);
+          std::vector<int> peers(in.size());
+          for (std::size_t k = 0; k < in.size(); ++k) peers[k] = in[k].peer;
+          algo::shm_direct::neighbor_combine(c, x.data(), n, std::span<const int>(peers),
+                                             [&](T* xs, const T* const* from, std::size_t len) {
+                                               combine_neighbors(ex, m, r, xs, from, len);
+                                             });
+          rep.bytes_sent = m.out(r).size() * n * sizeof(T); // what the out-neighbours read
+        });
+    return rep;
+  }
   auto ws = ex.template scratch<T>(o.collective.workspace, neighbor_allreduce_workspace_bytes<T>(g, r, n) / sizeof(T),
                                    name, r);
   ex.fence(); // x was written by the caller's executor work

@@ -161,6 +161,14 @@ public:
     if (reqs_.empty()) return;
     const scoped_phase phase(trace_, "wait", "transport", wait_args(peer_, op_));
     detail::world_errors_return guard;
+#if defined(GRADSYNC_MPI_BLOCKING_WAIT)
+    // Simulators (SimGrid SMPI): each polling MPI_Test is a context switch
+    // and costs simulated time, 256 polling ranks made a round take minutes;
+    // MPI_Wait parks the rank until the network model completes it. No
+    // timeout or abort check in this mode.
+    poll(true);
+    return;
+#endif
     using clock = std::chrono::steady_clock;
     const auto start = clock::now();
     for (unsigned i = 0;; ++i) {
@@ -191,12 +199,12 @@ private:
   friend class communicator;
   // One MPI_Test per part, keeping each part's status once it completed
   // (MPI_Testall would report a failed part through MPI_ERR_IN_STATUS only).
-  bool poll() {
+  bool poll(bool block = false) {
     st_.resize(reqs_.size());
     for (std::size_t i = 0; i < reqs_.size(); ++i) {
       if (reqs_[i] == MPI_REQUEST_NULL) continue; // completed earlier; st_[i] holds its status
-      int flag = 0;
-      const int rc = MPI_Test(&reqs_[i], &flag, &st_[i]);
+      int flag = block ? 1 : 0;
+      const int rc = block ? MPI_Wait(&reqs_[i], &st_[i]) : MPI_Test(&reqs_[i], &flag, &st_[i]);
       if (rc != MPI_SUCCESS) {
         reqs_[i] = MPI_REQUEST_NULL; // completed with an error
         abandon();
