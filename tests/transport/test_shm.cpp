@@ -750,7 +750,7 @@ TEST_CASE("shm: neighbor_allreduce through the arena equals the serial replay bi
           ref::replay(g.at(s), want);
           want_sent += g.at(s).out(r).size() * n * sizeof(T);
         }
-        expect(std::memcmp(x.data(), want[R].data(), n * sizeof(T)) == 0, "bitwise equal to the replay" + at);
+        expect(n == 0 || std::memcmp(x.data(), want[R].data(), n * sizeof(T)) == 0, "bitwise equal to the replay" + at);
         expect(sent == want_sent, "bytes sent" + at);
       };
       for (const gs::graph& g : graphs)
