@@ -9,7 +9,8 @@
 // and one element past n is checked untouched. Scratch: carved from a
 // workspace, rejected when too small or misaligned, owned (device memory,
 // usable, freed on the stream), and a failed CUDA call is errc::internal.
-// The stream is non-blocking, so every download must follow fence().
+// The stream is non-blocking, so every download must follow fence(), and
+// every upload or memset is complete (settle()) before the next launch.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -54,6 +55,7 @@ template <class T> struct dvec {
   explicit dvec(std::size_t count) : n(count) {
     cuda_ok(cudaMalloc(&p, (n + 1) * sizeof(T)), "cudaMalloc");
     cuda_ok(cudaMemset(p, 0xA5, (n + 1) * sizeof(T)), "cudaMemset");
+    settle();
   }
   dvec(const std::vector<T>& v) : dvec(v.size()) { upload(v); }
   ~dvec() { cudaFree(p); }
@@ -62,7 +64,13 @@ template <class T> struct dvec {
   void upload(const std::vector<T>& v) {
     if (v.empty()) return;
     cuda_ok(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
+    settle();
   }
+  /// cudaMemset is asynchronous, and cudaMemcpy from pageable memory may
+  /// return before its DMA lands; neither is ordered with the executor's
+  /// non-blocking stream. Seen on an H200: a reduce read the tail of an
+  /// upload's destination stale (first difference at 999680 of 2^20).
+  static void settle() { cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
   /// The n elements and the guard (call after the executor's fence()).
   std::vector<T> download() const {
     std::vector<T> v(n + 1);

@@ -7,7 +7,13 @@
 #   tests/gpu/run.sh [BENCH_MiB]        (default 256 MiB of float input)
 #
 # Environment: BUILD (build directory, default /tmp/gradsync-gpu-build; it is
-# recreated), CUDA_HOME (default /usr/local/cuda), REPS (bench repetitions, 20).
+# recreated), CUDA_HOME (default /usr/local/cuda), REPS (bench repetitions, 20),
+# PREBUILT (a folder holding test_codecs_gpu, exec_cuda and, optionally,
+# gradsync-bench built elsewhere with these flags: used instead of building
+# when every library they need resolves there), JSON_DIR (where
+# gradsync-bench compress --device gpu writes its JSON, when it runs),
+# BUILD_WITH=nvcc (skip meson even where it is installed: compile the two
+# test programs with nvcc alone; doctest found through CPLUS_INCLUDE_PATH).
 # Uses meson + ninja when they (and doctest, which tests/meson.build needs)
 # are installed, else compiles the one translation unit with nvcc directly,
 # with the same flags as tests/gpu/meson.build.
@@ -47,12 +53,30 @@ if printf '#include <doctest/doctest.h>\n' | "${CXX:-g++}" -std=c++20 -fsyntax-o
   have_doctest=1
 fi
 have_meson=0
-if command -v meson >/dev/null && command -v ninja >/dev/null && [ "$have_doctest" = 1 ]; then
+if [ "${BUILD_WITH:-meson}" != nvcc ] && command -v meson >/dev/null && command -v ninja >/dev/null &&
+  [ "$have_doctest" = 1 ]; then
   have_meson=1
 fi
 
+prebuilt_ok=0
+if [ -n "${PREBUILT:-}" ] && [ -x "$PREBUILT/test_codecs_gpu" ] && [ -x "$PREBUILT/exec_cuda" ]; then
+  prebuilt_ok=1
+  for b in "$PREBUILT"/*; do
+    if ldd "$b" 2>&1 | grep -q 'not found'; then
+      echo "prebuilt $b does not load here:"; ldd "$b" | grep 'not found'
+      prebuilt_ok=0
+    fi
+  done
+fi
+
+bench_bin=""
 rm -rf "$build"
-if [ "$have_meson" = 1 ]; then
+if [ "$prebuilt_ok" = 1 ]; then
+  section "using the prebuilt binaries in $PREBUILT"
+  bin="$PREBUILT/test_codecs_gpu"
+  exec_bin="$PREBUILT/exec_cuda"
+  [ -x "$PREBUILT/gradsync-bench" ] && bench_bin="$PREBUILT/gradsync-bench"
+elif [ "$have_meson" = 1 ]; then
   section "meson $(meson --version), ninja $(ninja --version)"
   # Only what the GPU test needs: no bench, examples, MPI or NCCL.
   meson setup "$build" -Dcuda=enabled -Dbench=false -Dexamples=false -Dmpi=disabled \
@@ -109,5 +133,17 @@ set +e
 timeout 300 "$bin" --bench "$mib" --reps "$reps"
 brc=$?
 set -e
+if [ -n "$bench_bin" ]; then
+  section "gradsync-bench compress --device gpu"
+  json_dir=${JSON_DIR:-$build}
+  mkdir -p "$json_dir"
+  set +e
+  timeout 240 "$bench_bin" compress --device gpu -z fp16 -z bf16 -z int8 -z int4 -z sign -z qsgd \
+    -z terngrad -z topk:density=0.01 -z approx_topk:density=0.01 -z randk:density=0.01 \
+    -b 1M -e 512M -f 8 --json "$json_dir/compress_gpu.json"
+  crc=$?
+  set -e
+  echo "gradsync-bench compress --device gpu: exit $crc"
+fi
 section "done"
 [ "$rc" = 0 ] && [ "$erc" = 0 ] && [ "$brc" = 0 ]
