@@ -16,8 +16,10 @@
 // compute alone, gradient sync alone and the training step as run. With
 // --overlap on, each layer's gradient is handed to the network as soon as the
 // backward pass has computed it (last layer first), so the sync of late layers
-// runs while earlier layers are still being differentiated; with --overlap off
-// one fused call averages all gradients after the backward pass.
+// runs while earlier layers are still being differentiated (large layers are
+// handed over in pieces of --chunk-kb as backward finishes their rows, and
+// each piece's optimizer step runs as soon as its average is in); with
+// --overlap off one fused call averages all gradients after the backward pass.
 // --check-against-baseline also trains uncompressed from the same seed and
 // fails unless the final losses agree within --tolerance (relative). Exits
 // non-zero if the ranks' weights differ, if the final loss is not below half
@@ -36,6 +38,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -66,7 +69,8 @@ struct config {
   bool ef = true;
   std::string mode = "always";
   bool overlap = true;
-  int bucket_kb = 0; // engine bucket capacity; 0: one bucket per layer
+  int bucket_kb = 0; // engine bucket capacity; 0: one bucket per piece
+  int chunk_kb = 1024; // pieces of a layer's gradient handed over as they are done; 0: whole layers
   int compute_repeat = 1;
   int train_samples = 0; // 0: steps * batch (at most 2^18)
   int eval_samples = 4096;
@@ -177,6 +181,21 @@ public:
     }
   }
   std::size_t layers() const { return dims_.size() - 1; }
+  // Rows of layer l's weight gradient per piece handed to ready (backward).
+  int block_rows(std::size_t l, std::size_t chunk_elems) const {
+    const int m = dims_[l], n = dims_[l + 1];
+    return chunk_elems == 0 ? m : static_cast<int>(std::clamp<std::size_t>(chunk_elems / n, 1, m));
+  }
+  // The ready(first, count) calls of backward, in its order, with no arithmetic.
+  template <class Ready> void backward_pieces(Ready&& ready, std::size_t chunk_elems) const {
+    for (std::size_t l = layers(); l-- > 0;) {
+      const std::size_t n = dims_[l + 1], block = block_rows(l, chunk_elems) * n;
+      const std::size_t end = offset_[l] + dims_[l] * n; // the weights' end; the bias follows
+      std::size_t a = offset_[l];
+      for (; a + block < end; a += block) ready(a, block);
+      ready(a, offset_[l + 1] - a);
+    }
+  }
   std::size_t parameters() const { return params_.size(); }
   std::span<float> params() { return params_; }
   std::span<float> grads() { return grads_; }
@@ -215,29 +234,49 @@ public:
   // Backward pass of the last forward, last layer first; `ready(l)` is
   // called as soon as layer l's gradient is final. `repeat` > 1 redoes each
   // layer's arithmetic (same result) to emulate a heavier model.
-  template <class Ready> void backward(Ready&& ready, int repeat = 1) {
+  // ready(first, count) hands over grads()[first, first + count) as soon as
+  // it is final: layers last to first, and a layer's weight gradient in
+  // blocks of rows of about chunk_elems (0: whole layers), so a large
+  // layer's communication starts before its whole gradient exists. The
+  // blocks change no arithmetic: every dW element sums over the batch rows in
+  // the same order.
+  template <class Ready> void backward(Ready&& ready, int repeat = 1, std::size_t chunk_elems = 0) {
     const int rows = rows_;
     for (std::size_t l = layers(); l-- > 0;) {
       const int m = dims_[l], n = dims_[l + 1];
       const float* in = act_[l].data();
       const float* d = delta_[l + 1].data();
+      const int block = block_rows(l, chunk_elems);
       for (int rep = 0; rep < repeat; ++rep) {
+        const bool last = rep == repeat - 1;
         // dW = in^T d, db = column sums of d.
         float* dw = layer_grad(l).data();
         float* db = dw + static_cast<std::size_t>(m) * n;
         std::fill(dw, dw + static_cast<std::size_t>(m + 1) * n, 0.0f);
+        int a0 = 0;
+        for (;;) {
+          const int a1 = std::min(m, a0 + block);
+          for (int i = 0; i < rows; ++i) {
+            const float* di = d + static_cast<std::size_t>(i) * n;
+            for (int a = a0; a < a1; ++a) {
+              const float v = in[static_cast<std::size_t>(i) * m + a];
+              if (v == 0) continue; // ReLU zeros: skip the row
+              float* dwa = dw + static_cast<std::size_t>(a) * n;
+              for (int j = 0; j < n; ++j) dwa[j] += v * di[j];
+            }
+          }
+          if (a1 == m) break;
+          if (last) ready(offset_[l] + static_cast<std::size_t>(a0) * n, static_cast<std::size_t>(a1 - a0) * n);
+          a0 = a1;
+        }
         for (int i = 0; i < rows; ++i) {
           const float* di = d + static_cast<std::size_t>(i) * n;
-          for (int a = 0; a < m; ++a) {
-            const float v = in[static_cast<std::size_t>(i) * m + a];
-            if (v == 0) continue; // ReLU zeros: skip the row
-            float* dwa = dw + static_cast<std::size_t>(a) * n;
-            for (int j = 0; j < n; ++j) dwa[j] += v * di[j];
-          }
           for (int j = 0; j < n; ++j) db[j] += di[j];
         }
       }
-      ready(l);
+      // The last block of rows goes with the bias, which follows it.
+      const std::size_t tail = offset_[l] + static_cast<std::size_t>((m - 1) / block * block) * n;
+      ready(tail, offset_[l + 1] - tail);
       if (l == 0) break;
       // d(loss)/d(input) through W and the previous layer's ReLU.
       for (int rep = 0; rep < repeat; ++rep) {
@@ -255,8 +294,12 @@ public:
   }
 
   // SGD with momentum on the (averaged) gradients.
-  void step(float lr, float momentum) {
-    for (std::size_t i = 0; i < params_.size(); ++i) {
+  void step(float lr, float momentum) { step_range(0, params_.size(), lr, momentum); }
+  // SGD with momentum on parameters [first, first + count) alone (the same
+  // arithmetic per element as step(), so updating piece by piece gives the
+  // same weights).
+  void step_range(std::size_t first, std::size_t count, float lr, float momentum) {
+    for (std::size_t i = first; i < first + count; ++i) {
       velocity_[i] = momentum * velocity_[i] + grads_[i];
       params_[i] -= lr * velocity_[i];
     }
@@ -331,8 +374,11 @@ float learning_rate(const config& cfg, int step) {
 class grad_sync {
 public:
   virtual ~grad_sync() = default;
-  virtual void ready(std::size_t layer) = 0;
-  virtual void wait() = 0;
+  // grads()[first, first + count) is final (backward's ready).
+  virtual void ready(std::size_t first, std::size_t count) = 0;
+  // Waits for every piece's average and calls update(first, count) for each
+  // piece once its average is in place (the optimizer step of that piece).
+  virtual void wait(const std::function<void(std::size_t, std::size_t)>& update) = 0;
   // Collective calls so far and how many of them compressed (automatic mode
   // may choose the dense allreduce).
   virtual std::pair<std::uint64_t, std::uint64_t> calls() const = 0;
@@ -345,6 +391,11 @@ std::optional<gradsync::compression> compression_of(const config& cfg) {
   z.error_feedback = cfg.ef;
   z.mode = cfg.mode == "automatic" ? gradsync::compress_mode::automatic : gradsync::compress_mode::always;
   return z;
+}
+
+// Elements per piece of a layer's gradient that backward hands over early.
+std::size_t chunk_elems(const config& cfg) {
+  return cfg.overlap ? static_cast<std::size_t>(cfg.chunk_kb) * 1024 / sizeof(float) : 0;
 }
 
 // One tensor's average over ranks, compressed or not.
@@ -360,11 +411,12 @@ template <class C> class fused_sync final : public grad_sync {
 public:
   fused_sync(C& comm, mlp& model, std::optional<gradsync::compression> z)
       : comm_(comm), model_(model), z_(std::move(z)) {}
-  void ready(std::size_t) override {}
-  void wait() override {
+  void ready(std::size_t, std::size_t) override {}
+  void wait(const std::function<void(std::size_t, std::size_t)>& update) override {
     average(comm_, model_.grads(), z_, state_);
     ++calls_;
     compressed_ += z_ && state_.last.path != gradsync::compressed_path::dense;
+    update(0, model_.grads().size());
   }
   std::pair<std::uint64_t, std::uint64_t> calls() const override { return {calls_, compressed_}; }
 
@@ -382,17 +434,25 @@ private:
 template <class C> class engine_sync final : public grad_sync {
 public:
   engine_sync(C& comm, mlp& model, std::optional<gradsync::compression> z, const config& cfg)
-      : model_(model), engine_(comm, options_for(cfg)), handles_(model.layers()) {
+      : model_(model), engine_(comm, options_for(cfg)) {
     t_.compress = std::move(z);
   }
-  void ready(std::size_t l) override {
+  void ready(std::size_t first, std::size_t count) override {
     gradsync::fusion::tensor_options t = t_;
-    t.id = l; // a stable id: the engine keeps each tensor's error-feedback residual by id
-    handles_[l] = engine_.submit(model_.layer_grad(l), t);
+    t.id = first; // a stable id (the pieces are the same every step): the engine keeps each tensor's
+                  // error-feedback residual by id
+    pending_.push_back({engine_.submit(model_.grads().subspan(first, count), t), first, count});
   }
-  void wait() override {
+  // In submission order: each piece's update runs while the pieces submitted
+  // after it are still on the wire, so only the last piece's update (the
+  // first layer's) is left after the communication.
+  void wait(const std::function<void(std::size_t, std::size_t)>& update) override {
     engine_.flush(); // runs the open buckets now instead of after the engine's cycle time
-    for (const auto& h : handles_) h.wait();
+    for (const auto& p : pending_) {
+      p.h.wait();
+      update(p.first, p.count);
+    }
+    pending_.clear();
   }
   std::pair<std::uint64_t, std::uint64_t> calls() const override {
     const auto s = engine_.stats();
@@ -410,7 +470,11 @@ private:
   mlp& model_;
   gradsync::fusion::engine<C> engine_;
   gradsync::fusion::tensor_options t_;
-  std::vector<gradsync::fusion::handle> handles_;
+  struct piece {
+    gradsync::fusion::handle h;
+    std::size_t first, count;
+  };
+  std::vector<piece> pending_; // this step's pieces in the order ready() saw them
 };
 
 template <class C> std::unique_ptr<grad_sync> make_sync(C& comm, mlp& model, const config& cfg) {
@@ -470,9 +534,10 @@ template <class C> result train(C& comm, const config& cfg) {
       const auto t0 = clock_type::now();
       const std::size_t first = (static_cast<std::size_t>(s) % batches) * local;
       res.loss.push_back(model.forward(shard.row(first), &shard.y[first], local));
-      model.backward([&](std::size_t l) { sync->ready(l); }, cfg.compute_repeat);
-      sync->wait();
-      model.step(learning_rate(cfg, s), cfg.momentum);
+      model.backward([&](std::size_t first, std::size_t count) { sync->ready(first, count); },
+                     cfg.compute_repeat, chunk_elems(cfg));
+      const float lr = learning_rate(cfg, s);
+      sync->wait([&](std::size_t first, std::size_t count) { model.step_range(first, count, lr, cfg.momentum); });
       step_time.push_back(seconds_since(t0));
     }
     std::tie(res.calls, res.compressed) = sync->calls();
@@ -503,7 +568,7 @@ template <class C> result train(C& comm, const config& cfg) {
   auto t0 = clock_type::now();
   for (int i = 0; i < iters; ++i) {
     model.forward(shard.row(first), &shard.y[first], local);
-    model.backward([](std::size_t) {}, cfg.compute_repeat);
+    model.backward([](std::size_t, std::size_t) {}, cfg.compute_repeat, chunk_elems(cfg));
     model.step(0.0f, cfg.momentum);
   }
   res.compute_s = seconds_since(t0) / iters;
@@ -512,8 +577,9 @@ template <class C> result train(C& comm, const config& cfg) {
     const auto sync = make_sync(comm, model, cfg);
     const auto once = [&] {
       std::copy(grads.begin(), grads.end(), model.grads().begin());
-      for (std::size_t l = model.layers(); l-- > 0;) sync->ready(l);
-      sync->wait();
+      model.backward_pieces([&](std::size_t first, std::size_t count) { sync->ready(first, count); },
+                            chunk_elems(cfg));
+      sync->wait([](std::size_t, std::size_t) {});
     };
     once(); // warm-up (automatic mode measures the codec here)
     t0 = clock_type::now();
@@ -643,6 +709,11 @@ int main(int argc, char** argv) {
       ->check(on_off)
       ->capture_default_str();
   app.add_option("--bucket-kb", cfg.bucket_kb, "fusion engine bucket capacity in KiB (0: one bucket per layer)")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--chunk-kb", cfg.chunk_kb,
+                 "with --overlap on, hand a layer's gradient over in pieces of about this many KiB as backward "
+                 "finishes them (0: whole layers)")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
   app.add_option("--compute-repeat", cfg.compute_repeat, "redo the backward arithmetic K times (a heavier model)")
