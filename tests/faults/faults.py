@@ -4,7 +4,7 @@ mid-join. Survivors must fail within timeout + 5 s with an error naming the
 lost rank, and nothing may be left in /dev/shm.
 
 usage: faults.py WORKER SCENARIO [MPIEXEC]
-scenarios: shm-kill-allreduce shm-stop-allreduce shm-kill-creator-join
+scenarios: shm-kill-allreduce shm-stop-allreduce shm-stop-allreduce-staggered shm-kill-creator-join
            shm-kill-rank-join mpi-stop-allreduce mpi-kill-allreduce
 """
 import glob
@@ -45,8 +45,8 @@ def wait_for(proc, text, limit=60.0):
     raise SystemExit(f"FAIL: no '{text}' within {limit} s")
 
 
-def start(worker, d, rank, size, steps=100000, env=None):
-    return subprocess.Popen([worker, "shm", d, str(rank), str(size), str(TIMEOUT_MS), str(steps)],
+def start(worker, d, rank, size, steps=100000, env=None, timeout_ms=TIMEOUT_MS):
+    return subprocess.Popen([worker, "shm", d, str(rank), str(size), str(timeout_ms), str(steps)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
@@ -76,17 +76,21 @@ def check_shm_clean(before):
     print("  /dev/shm: nothing left")
 
 
-def shm_allreduce(worker, sig):
+def shm_allreduce(worker, sig, stagger=False):
+    """stagger: rank 2 waits twice as long as rank 0, so rank 0 gives up and
+    leaves first and rank 2 may fail on that departure rather than on its own
+    timeout; its error must still name the stopped rank 1."""
     before = shm_entries()
     with tempfile.TemporaryDirectory() as d:
-        procs = [start(worker, d, r, 3) for r in range(3)]
+        procs = [start(worker, d, r, 3, timeout_ms=TIMEOUT_MS * (2 if stagger and r == 2 else 1))
+                 for r in range(3)]
         for p in procs:
             wait_for(p, "step 3")
         victim = procs[1]
         os.kill(victim.pid, sig)
         t0 = time.time()
         # Stopped ranks are alive: only the timeout ends the wait.
-        limit = (TIMEOUT_MS / 1000.0 if sig == signal.SIGSTOP else 0) + SLACK_S
+        limit = (TIMEOUT_MS * (2 if stagger else 1) / 1000.0 if sig == signal.SIGSTOP else 0) + SLACK_S
         try:
             expect_failures([procs[0], procs[2]], t0, limit, "rank 1")
         finally:
@@ -182,6 +186,8 @@ def main():
         shm_allreduce(worker, signal.SIGKILL)
     elif scenario == "shm-stop-allreduce":
         shm_allreduce(worker, signal.SIGSTOP)
+    elif scenario == "shm-stop-allreduce-staggered":
+        shm_allreduce(worker, signal.SIGSTOP, stagger=True)
     elif scenario == "shm-kill-creator-join":
         shm_kill_creator_join(worker)
     elif scenario == "shm-kill-rank-join":

@@ -538,8 +538,10 @@ private:
         if (s.peer >= 0 && q != s.peer) continue; // not what we wait for
         progress(); // drain what it wrote before leaving
         if (done()) return;
+        // It may have left over a timeout that a stopped rank caused: name
+        // that rank here too, or this survivor's error hides the cause.
         break_all("rank " + std::to_string(q) + " left the communicator while rank " +
-                      std::to_string(rank_) + " waited for it",
+                      std::to_string(rank_) + " waited for it" + holding_up(),
                   true, errc::peer_failed);
         return;
       }
@@ -547,17 +549,20 @@ private:
     if (waited > timeout) {
       // The peer we wait for may be live and itself waiting; a stopped rank
       // is the one holding everyone up, so name it.
-      std::string stopped;
-      for (int q = 0; q < size_; ++q)
-        if (q != rank_ && gradsync::detail::process_stopped(seg_->slot(q).pid.load(std::memory_order_relaxed)))
-          stopped += (stopped.empty() ? "" : ", ") + std::string("rank ") + std::to_string(q) + " (pid " +
-                     std::to_string(seg_->slot(q).pid.load()) + ")";
-      fail(s,
-           gradsync::detail::timed_out(timeout) +
-               (stopped.empty() ? "" : "; " + stopped + " is stopped (SIGSTOP or a debugger) and holds the group up"),
-           errc::timeout);
+      fail(s, gradsync::detail::timed_out(timeout) + holding_up(), errc::timeout);
       abandon_after_timeout(s);
     }
+  }
+
+  // "; rank Q (pid P) is stopped ... and holds the group up" for the other
+  // ranks that are stopped (SIGSTOP, a debugger); empty when none is.
+  std::string holding_up() const {
+    std::string stopped;
+    for (int q = 0; q < size_; ++q)
+      if (q != rank_ && gradsync::detail::process_stopped(seg_->slot(q).pid.load(std::memory_order_relaxed)))
+        stopped += (stopped.empty() ? "" : ", ") + std::string("rank ") + std::to_string(q) + " (pid " +
+                   std::to_string(seg_->slot(q).pid.load()) + ")";
+    return stopped.empty() ? "" : "; " + stopped + " is stopped (SIGSTOP or a debugger) and holds the group up";
   }
 
   void abandon_after_timeout(op_state& s) { detach(s); }
