@@ -9,7 +9,8 @@
 //   consensus      ||x_R - mean|| / ||x_0 - mean|| after R rounds (-R; 0: one
 //                  period of a dynamic topology, else 10) from fixed inputs,
 //                  beside the SLEM's prediction slem^R.
-// `hier:TOPO` gossips among group leaders (--group-size ranks per group).
+// `hier:TOPO` gossips among group leaders (--group-size ranks per group),
+// `shard:TOPO` through every rank of a group, one block each (sharded_gossip.hpp).
 //
 //   gradsync-bench gossip -g one_peer -g ring --ranks 8
 //   gradsync-bench gossip -t shm --ranks 4 -g one_peer -b 1M -e 16M
@@ -51,17 +52,21 @@ struct config {
   bool check = false;
 };
 
-// The topology a -g name means on a communicator of p ranks (leaders' for hier:).
+// The topology a -g name means on a communicator of p ranks (the groups' for
+// hier: and shard:).
+enum class family { flat, hier, shard };
 struct chosen {
   gossip::graph g;
-  bool hier = false;
+  family f = family::flat;
 };
 chosen choose(const std::string& name, int p, int group_size) {
-  if (name.rfind("hier:", 0) == 0) {
-    if (group_size <= 0 || p % group_size) throw std::invalid_argument("hier: needs --group-size dividing the ranks");
-    return {gossip::named(name.substr(5), p / group_size), true};
-  }
-  return {gossip::named(name, p), false};
+  for (const auto& [prefix, f] : {std::pair{std::string("hier:"), family::hier}, std::pair{std::string("shard:"), family::shard}})
+    if (name.rfind(prefix, 0) == 0) {
+      if (group_size <= 0 || p % group_size)
+        throw std::invalid_argument(prefix + " needs --group-size dividing the ranks");
+      return {gossip::named(name.substr(prefix.size()), p / group_size), f};
+    }
+  return {gossip::named(name, p), family::flat};
 }
 
 // Fixed, rank-dependent inputs (the consensus measurement starts from these).
@@ -146,8 +151,12 @@ template <transport C> int run_rank(C& c, const config& cfg) {
     for (const std::string& name : cfg.topologies) {
       const chosen ch = choose(name, p, cfg.group_size);
       const auto round = [&](std::uint64_t step) {
-        return ch.hier ? gossip::hierarchical_neighbor_allreduce(c, std::span<float>(x), ch.g, step, cfg.group_size)
-                       : gossip::neighbor_allreduce(c, std::span<float>(x), ch.g, step);
+        switch (ch.f) {
+        case family::hier: return gossip::hierarchical_neighbor_allreduce(c, std::span<float>(x), ch.g, step, cfg.group_size);
+        case family::shard: return gossip::sharded_neighbor_allreduce(c, std::span<float>(x), ch.g, step, cfg.group_size);
+        case family::flat: break;
+        }
+        return gossip::neighbor_allreduce(c, std::span<float>(x), ch.g, step);
       };
       fill(x, c.rank());
       double sent = 0;
@@ -200,12 +209,13 @@ int gossip_main(std::string_view, int argc, char** argv) {
   std::vector<std::string> topo;
   std::string algos = "ring,tree,rd,rabenseifner,auto";
   app.add_option("-g,--topology", topo, std::string("topology (repeatable): ") + gossip::topology_help +
-                                            "; hier:TOPO gossips among groups of --group-size (default one_peer, ring)");
+                                            "; hier:TOPO gossips among groups of --group-size through one leader each, shard:TOPO through every rank "
+                                            "(a block each) (default one_peer, ring)");
   app.add_option("-a,--algos", algos, "allreduce algorithms of the baseline (the fastest is shown)")->capture_default_str();
   app.add_option("-R,--rounds", cfg.rounds, "rounds of the consensus measurement (0: one period, at least 10 for static)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--group-size", cfg.group_size, "ranks per group of hier:TOPO")->capture_default_str();
+  app.add_option("--group-size", cfg.group_size, "ranks per group of hier:TOPO and shard:TOPO")->capture_default_str();
   app.add_flag("--check", cfg.check, "exit 2 when a consensus error exceeds max(4 slem^R, 1e-5)");
   try {
     app.parse(argc, argv);

@@ -22,6 +22,26 @@
 
 namespace gradsync::gossip {
 
+namespace detail {
+/// The groups of a hierarchical round (`group_size` consecutive ranks, or the
+/// transport's node_of when 0), checked on every rank before any message
+/// moves: all of one size, `groups_graph` row-stochastic over the groups.
+template <transport C>
+rank_groups checked_groups(const C& c, int group_size, const graph& groups_graph, const char* name) {
+  const int r = c.rank();
+  GRADSYNC_REQUIRE(group_size >= 0, name, r, "group_size " + std::to_string(group_size) + " is negative");
+  GRADSYNC_REQUIRE(group_size > 0 || node_map<C>, name, r,
+                   "needs groups: pass a group size, or use a transport with node_of()");
+  rank_groups groups = groups_of(c, group_size);
+  GRADSYNC_REQUIRE(groups.uniform(), name, r,
+                   "groups differ in size (" + std::to_string(groups.members.front().size()) + " and " +
+                       std::to_string(groups.members.back().size()) +
+                       " ranks): the average of group averages would not be the average over ranks");
+  validate(groups_graph, groups.count(), property::row_stochastic, name, r);
+  return groups;
+}
+} // namespace detail
+
 /// One hierarchical gossip round in place on `x`: average inside each group
 /// (groups of `group_size` consecutive ranks, or by the transport's node_of
 /// when 0), a neighbor_allreduce among the groups' first ranks over
@@ -37,15 +57,7 @@ round_report hierarchical_neighbor_allreduce(C& c, E& ex, std::span<T> x, const 
   const char* name = "hierarchical_neighbor_allreduce";
   const int r = c.rank();
   const scoped_timeout guard(c, o.collective.timeout);
-  GRADSYNC_REQUIRE(group_size >= 0, name, r, "group_size " + std::to_string(group_size) + " is negative");
-  GRADSYNC_REQUIRE(group_size > 0 || node_map<C>, name, r,
-                   "needs groups: pass a group size, or use a transport with node_of()");
-  const rank_groups groups = groups_of(c, group_size);
-  GRADSYNC_REQUIRE(groups.uniform(), name, r,
-                   "groups differ in size (" + std::to_string(groups.members.front().size()) + " and " +
-                       std::to_string(groups.members.back().size()) +
-                       " ranks): the average of group averages would not be the average over ranks");
-  validate(leaders, groups.count(), property::row_stochastic, name, r);
+  const rank_groups groups = detail::checked_groups(c, group_size, leaders, name);
   gradsync::detail::check_span(x, name, r, "data");
   if (o.global_step(step)) {
     allreduce(c, ex, x, op::avg{}, o.dense());
