@@ -262,6 +262,8 @@ TEST_CASE("topology: built-in graphs by name") {
   CHECK(named("one_peer", 8).period() == 3);
   CHECK(matrix_of(named("star:uniform", 5), 0) == matrix_of(star(5, weighting::uniform), 0));
   CHECK_THROWS_WITH_AS(named("torus:2x5", 12), doctest::Contains("has 10 ranks, not 12"), error);
+  // rows x cols beyond int (found by fuzz_topology): rejected, not overflowed.
+  CHECK_THROWS_WITH_AS(named("torus:1666666767x8", 12), doctest::Contains("has 13333334136 ranks, not 12"), error);
   CHECK_THROWS_WITH_AS(named("torus:2y5", 10), doctest::Contains("expected torus:ROWSxCOLS"), error);
   CHECK_THROWS_WITH_AS(named("tours", 4), doctest::Contains("unknown topology 'tours'"), error);
   CHECK_THROWS_WITH_AS(named("hypercube", 6), doctest::Contains("power-of-two"), error);

@@ -568,8 +568,9 @@ inline graph named(const std::string& spec, int p) {
       rows = 0;
     }
     GRADSYNC_REQUIRE(rows > 0 && cols > 0, op, -1, "'" + spec + "': expected torus:ROWSxCOLS");
-    GRADSYNC_REQUIRE(rows * cols == p, op, -1,
-                     "'" + spec + "' has " + std::to_string(rows * cols) + " ranks, not " + std::to_string(p));
+    const long long ranks = static_cast<long long>(rows) * cols; // both are ints: no overflow in 64 bits
+    GRADSYNC_REQUIRE(ranks == p, op, -1,
+                     "'" + spec + "' has " + std::to_string(ranks) + " ranks, not " + std::to_string(p));
     return torus(rows, cols);
   }
   throw error(op, -1, -1, "unknown topology '" + spec + "' (" + topology_help + ")");
