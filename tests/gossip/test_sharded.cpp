@@ -39,7 +39,7 @@ std::vector<std::vector<T>> run_rounds(int p, int gs, const graph& g, std::size_
 
 TEST_CASE("sharded gossip: group averages mixed by the groups' topology, any count") {
   for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{29}, std::size_t{1000}})
-    for (int p : {1, 2, 4, 6, 8, 9, 12, 16})
+    for (int p : {1, 2, 3, 4, 6, 8, 9, 12, 15, 16})
       for (int gs : {1, 2, 3, 4, 8}) {
         if (p % gs) continue;
         const int groups = p / gs;
