@@ -319,7 +319,8 @@ template <class T> compressed_path check_sparse(const char* spec, int p, std::si
 } // namespace
 
 TEST_CASE("sparse allreduce: allgather + sparse sum, dense past the density rule") {
-  for (int p : {1, 2, 3, 5, 8})
+  // (p <= policy::sparse_merge_ranks: the merged sum; past it the dense accumulator.)
+  for (int p : {1, 2, 3, 5, 8, 9, 16})
     for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{999}, std::size_t{20000}}) {
       check_sparse<float>("topk:density=0.01", p, n);
       check_sparse<float>("threshold:tau=15", p, n);
@@ -412,6 +413,9 @@ TEST_CASE("sparse allreduce with error feedback equals the plain scheme bitwise 
       check_sparse_feedback<half>("topk:density=0.02", p, n, 3);
       check_sparse_feedback<bfloat16>("threshold:tau=2.5", p, n, 2); // step 0 sends nothing
     }
+  // float: the codecs' one-pass encode_feedback; 9 ranks: the accumulator sum.
+  check_sparse_feedback<float>("threshold:tau=2.5", 2, 20000, 3);
+  check_sparse_feedback<float>("topk:density=0.01", 9, 20000, 3);
   check_sparse_feedback<float>("approx_topk:density=0.02", 3, 50000, 3);
   check_sparse_feedback<double>("topk:density=0.01", 2, 5000, 3);
 }

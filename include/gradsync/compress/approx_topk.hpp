@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -91,67 +92,29 @@ template <float_element T> struct approx_topk {
     return wire::header_bytes + param_bytes + sparse::body_bytes<T>(target(density, n));
   }
 
-  /// Sample keys, candidate indices and radix counters.
+  /// Sample keys, candidate indices and values, and radix counters.
   std::size_t workspace_bytes(std::size_t n) const {
     const std::size_t k = target(density, n), s = sample_size(n, k);
     if (k == 0 || k == n) return 0;
     if (s == 0) return workspace_piece<std::size_t>(sparse::radix_buckets);
     return workspace_piece<std::uint32_t>(s) + workspace_piece<std::uint32_t>(candidate_slots(k)) +
-           workspace_piece<std::size_t>(sparse::radix_buckets);
+           workspace_piece<T>(candidate_slots(k)) + workspace_piece<std::size_t>(sparse::radix_buckets);
   }
 
   /// Encodes about density * n of the largest magnitudes; records the result in `st`.
   std::size_t encode(std::span<const T> in, state& st, std::span<std::byte> ws,
                      std::span<std::byte> out) const {
-    check_float_range(in, encode_op);
-    const std::size_t n = in.size();
-    wire::check(density >= 0.0 && density <= 1.0, encode_op,
-                "density " + std::to_string(density) + " is outside [0, 1]");
-    sparse::check_count(n, encode_op);
-    check_encode_buffers(encode_op, out.size(), max_encoded_bytes(n), ws.size(),
-                         workspace_bytes(n));
-    stream_state ss{st.seed, st.step, st.rank};
-    const philox_stream rng = ss.next();
-    st.step = ss.step;
+    return sparse::encode_plain(in, encode_op, [&](auto& src) { return encode_from(src, st, ws, out); });
+  }
 
-    const std::size_t k = target(density, n), s = sample_size(n, k);
-    wire::writer w(out, id, dtype_traits<T>::id, n, param_bytes, encode_op);
-    std::byte* body = w.body().data();
-    const T* x = in.data();
-    const auto key = [x](std::size_t i) { return sparse::magnitude_key(x[i]); };
-    workspace_cursor cur(ws, encode_op);
-    // The body is written with a stride of k entries and compacted at the end
-    // when fewer are sent, so entries can stream out as they are selected.
-    std::size_t e = 0;
-    const auto emit = [&](std::size_t i) {
-      sparse::put<T>(body, k, e++, static_cast<std::uint32_t>(i), x[i]);
-    };
-    if (s == 0) {
-      const auto hist = cur.take<std::size_t>(k == 0 || k == n ? 0 : sparse::radix_buckets);
-      sparse::select_top(n, k, key, hist, emit);
-    } else {
-      const auto sample = cur.take<std::uint32_t>(s);
-      const auto cand = cur.take<std::uint32_t>(candidate_slots(k));
-      const auto hist = cur.take<std::size_t>(sparse::radix_buckets);
-      const std::uint32_t thr = sparse::sampled_threshold(
-          x, n, k, [&](std::size_t j) { return approx_topk_sample_index(rng, j, n); }, sample,
-          policy::approx_topk_overshoot);
-      const std::size_t c = sparse::collect_at_least(x, n, thr, cand.data(), cand.size());
-      if (c > cand.size()) {
-        ++st.fallbacks;
-        sparse::select_top(n, k, key, hist, emit);
-      } else {
-        sparse::select_top(
-            c, k, [&](std::size_t j) { return key(cand[j]); }, hist,
-            [&](std::size_t j) { emit(cand[j]); });
-      }
-    }
-    if (e < k) // compact: values move up against the e indices
-      std::memmove(body + 4 * e, body + 4 * k, sizeof(T) * e);
-    wire::param_writer(w.params()).put<double>(density).put<std::uint64_t>(e);
-    st.sent = e;
-    st.achieved_density = n == 0 ? 0.0 : static_cast<double>(e) / static_cast<double>(n);
-    return w.finish(sparse::body_bytes<T>(e));
+  /// Error-feedback encode in one pass over the tensor (sparse::folded_input):
+  /// encodes x = in + residual and leaves residual = x - decode(payload),
+  /// non-finite parts dropped; returns payload bytes.
+  std::size_t encode_feedback(std::span<const T> in, std::span<T> residual, state& st, std::span<std::byte> ws,
+                              std::span<std::byte> out) const
+    requires std::same_as<T, float>
+  {
+    return sparse::encode_feedback(in, residual, encode_op, [&](auto& src) { return encode_from(src, st, ws, out); });
   }
 
   /// out = the sparse tensor of `payload` (zeros off the sent indices).
@@ -170,6 +133,55 @@ template <float_element T> struct approx_topk {
   }
 
 private:
+  template <class Src>
+  std::size_t encode_from(Src& src, state& st, std::span<std::byte> ws, std::span<std::byte> out) const {
+    const std::size_t n = src.n;
+    wire::check(density >= 0.0 && density <= 1.0, encode_op,
+                "density " + std::to_string(density) + " is outside [0, 1]");
+    sparse::check_count(n, encode_op);
+    check_encode_buffers(encode_op, out.size(), max_encoded_bytes(n), ws.size(),
+                         workspace_bytes(n));
+    stream_state ss{st.seed, st.step, st.rank};
+    const philox_stream rng = ss.next();
+    st.step = ss.step;
+
+    const std::size_t k = target(density, n), s = sample_size(n, k);
+    wire::writer w(out, id, dtype_traits<T>::id, n, param_bytes, encode_op);
+    std::byte* body = w.body().data();
+    workspace_cursor cur(ws, encode_op);
+    // The body is written with a stride of k entries and compacted at the end
+    // when fewer are sent, so entries can stream out as they are selected.
+    std::size_t e = 0;
+    const auto emit = [&](std::size_t i, T v) {
+      sparse::put<T>(body, k, e++, static_cast<std::uint32_t>(i), v);
+      src.sent(i);
+    };
+    if (s == 0) {
+      const auto hist = cur.take<std::size_t>(k == 0 || k == n ? 0 : sparse::radix_buckets);
+      sparse::select_top_all(src, n, k, hist, emit);
+    } else {
+      const auto sample = cur.take<std::uint32_t>(s);
+      const sparse::candidates<T> cand{cur.take<std::uint32_t>(candidate_slots(k)), cur.take<T>(candidate_slots(k))};
+      const auto hist = cur.take<std::size_t>(sparse::radix_buckets);
+      const std::uint32_t thr = sparse::sampled_threshold(
+          [&](std::size_t i) { return src.key_at(i); }, n, k,
+          [&](std::size_t j) { return approx_topk_sample_index(rng, j, n); }, sample, policy::approx_topk_overshoot);
+      const std::size_t c = sparse::collect(src, thr, cand);
+      if (c > cand.index.size()) {
+        ++st.fallbacks;
+        sparse::select_top_all(src, n, k, hist, emit);
+      } else {
+        sparse::select_top_among(src, c, k, cand, hist, emit);
+      }
+    }
+    if (e < k) // compact: values move up against the e indices
+      std::memmove(body + 4 * e, body + 4 * k, sizeof(T) * e);
+    wire::param_writer(w.params()).put<double>(density).put<std::uint64_t>(e);
+    st.sent = e;
+    st.achieved_density = n == 0 ? 0.0 : static_cast<double>(e) / static_cast<double>(n);
+    return w.finish(sparse::body_bytes<T>(e));
+  }
+
   // The requested density must be a valid one and the entry count within its target.
   static void check_params(std::span<const std::byte> payload) {
     const wire::view v = wire::open(payload, id, dtype_traits<T>::id, param_bytes, decode_op);

@@ -40,26 +40,72 @@ template <float_element T> GRADSYNC_HD inline std::uint32_t magnitude_key(T x) {
   return gradsync::detail::float_bits(to_float(x)) & 0x7fffffffu;
 }
 
+/// Key of +Inf: every key at or above it is a non-finite element.
+inline constexpr std::uint32_t nonfinite_key = 0x7f800000u;
+
 #if GRADSYNC_HOST_AVX2
-/// collect_at_least's whole groups of 8 for float input: keys compared eight
-/// at a time (keys are < 2^31, so a signed compare orders them), and only the
+/// each_at_least's whole groups of 8 for float input: keys compared eight at
+/// a time (keys are < 2^31, so a signed compare orders them), and only the
 /// rare groups holding a hit are walked. Returns the elements consumed.
-[[gnu::target("avx2")]] inline std::size_t collect_at_least_avx2(const float* x, std::size_t n, std::uint32_t thr,
-                                                               std::uint32_t* out, std::size_t cap, std::size_t& c) {
+template <class Hit>
+[[gnu::target("avx2")]] inline std::size_t each_at_least_avx2(const float* x, std::size_t n, std::uint32_t thr,
+                                                            Hit& hit) {
   const __m256i abs = _mm256_set1_epi32(0x7fffffff);
   const __m256i below = _mm256_set1_epi32(static_cast<int>(thr) - 1); // key >= thr <=> key > thr - 1
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256i k = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)), abs);
     auto m = static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(k, below))));
-    for (; m != 0; m &= m - 1) {
-      if (c < cap) out[c] = static_cast<std::uint32_t>(i + static_cast<unsigned>(std::countr_zero(m)));
-      ++c;
-    }
+    for (; m != 0; m &= m - 1) hit(i + static_cast<unsigned>(std::countr_zero(m)));
+  }
+  return i;
+}
+
+/// fold_each_at_least's whole groups of 8 (same compare).
+template <class Hit>
+[[gnu::target("avx2")]] inline std::size_t fold_each_at_least_avx2(const float* g, float* e, std::size_t n,
+                                                                 std::uint32_t thr, Hit& hit) {
+  const __m256i abs = _mm256_set1_epi32(0x7fffffff);
+  const __m256i below = _mm256_set1_epi32(static_cast<int>(thr) - 1);
+  const __m256 zero = _mm256_setzero_ps();
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(g + i), _mm256_loadu_ps(e + i)), zero);
+    _mm256_storeu_ps(e + i, v);
+    const __m256i k = _mm256_and_si256(_mm256_castps_si256(v), abs);
+    auto m = static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(k, below))));
+    for (; m != 0; m &= m - 1) hit(i + static_cast<unsigned>(std::countr_zero(m)));
   }
   return i;
 }
 #endif
+
+/// hit(i) for every i < n with magnitude_key(x[i]) >= thr, i increasing.
+template <float_element T, class Hit> void each_at_least(const T* x, std::size_t n, std::uint32_t thr, Hit hit) {
+  std::size_t i = 0;
+#if GRADSYNC_HOST_AVX2
+  if constexpr (std::is_same_v<T, float>)
+    if (thr > 0 && gradsync::detail::best_host_isa() == gradsync::detail::host_isa::avx2)
+      i = each_at_least_avx2(x, n, thr, hit);
+#endif
+  for (; i < n; ++i)
+    if (magnitude_key(x[i]) >= thr) hit(i);
+}
+
+/// The error-feedback fold of float tensors in one pass: e[i] = (g[i] +
+/// e[i]) + 0 (the + 0 makes a -0 sum +0, as residual = (v - x) + x does), and
+/// hit(i) for every i whose new e[i] has magnitude_key >= thr, i increasing.
+template <class Hit> void fold_each_at_least(const float* g, float* e, std::size_t n, std::uint32_t thr, Hit hit) {
+  std::size_t i = 0;
+#if GRADSYNC_HOST_AVX2
+  if (thr > 0 && gradsync::detail::best_host_isa() == gradsync::detail::host_isa::avx2)
+    i = fold_each_at_least_avx2(g, e, n, thr, hit);
+#endif
+  for (; i < n; ++i) {
+    e[i] = (g[i] + e[i]) + 0.0f;
+    if (magnitude_key(e[i]) >= thr) hit(i);
+  }
+}
 
 /// Collects, in index order, the indices i < n with magnitude_key(x[i]) >=
 /// thr into out[0, cap); returns how many there are (more than cap: the
@@ -67,22 +113,84 @@ template <float_element T> GRADSYNC_HD inline std::uint32_t magnitude_key(T x) {
 template <float_element T>
 inline std::size_t collect_at_least(const T* x, std::size_t n, std::uint32_t thr, std::uint32_t* out,
                                     std::size_t cap) {
-  std::size_t c = 0, i = 0;
-#if GRADSYNC_HOST_AVX2
-  if constexpr (std::is_same_v<T, float>)
-    if (thr > 0 && gradsync::detail::best_host_isa() == gradsync::detail::host_isa::avx2)
-      i = collect_at_least_avx2(x, n, thr, out, cap, c);
-#endif
-  for (; i < n; ++i)
-    if (magnitude_key(x[i]) >= thr) {
-      if (c < cap) out[c] = static_cast<std::uint32_t>(i);
-      ++c;
-    }
+  std::size_t c = 0;
+  each_at_least(x, n, thr, [&](std::size_t i) {
+    if (c < cap) out[c] = static_cast<std::uint32_t>(i);
+    ++c;
+  });
   return c;
 }
 
+/// What a sparsifier selects from: a tensor x as given.
+template <float_element T> struct plain_input {
+  using value_type = T;
+  const T* x;
+  std::size_t n;
+  /// magnitude_key of element i.
+  std::uint32_t key_at(std::size_t i) const { return magnitude_key(x[i]); }
+  /// hit(i) for every key >= thr, i increasing.
+  template <class Hit> void each_at_least(std::uint32_t thr, Hit hit) { sparse::each_at_least(x, n, thr, hit); }
+  /// The whole tensor.
+  const T* values() { return x; }
+  /// Element i was sent.
+  void sent(std::size_t) {}
+  /// Element i may be sent soon.
+  void will_send(std::size_t) const {}
+};
+
+/// What a sparsifier selects from under error feedback (float): x = (g +
+/// residual) + 0, computed into the residual by the first pass that reads the
+/// tensor (each_at_least or values()), so the fold costs no pass of its own.
+/// Sent elements leave +0 in the residual (the codecs send float values
+/// exactly), and finish() zeroes the non-finite ones: residual = x -
+/// decoded, non-finite parts dropped, bitwise what the separate fold, encode
+/// and correction give. (A residual of -0 from outside, folded with a -0
+/// gradient, is sent as +0 where the separate steps would send -0; gradsync
+/// never writes -0 to a residual.)
+struct folded_input {
+  using value_type = float;
+  const float* g;
+  float* e;
+  std::size_t n;
+  bool folded = false;
+  bool nonfinite = false; ///< a non-finite x may be in the residual
+
+  std::uint32_t key_at(std::size_t i) const { return magnitude_key(folded ? e[i] : (g[i] + e[i]) + 0.0f); }
+  template <class Hit> void each_at_least(std::uint32_t thr, Hit hit) {
+    if (folded) return sparse::each_at_least(e, n, thr, hit);
+    folded = true;
+    // Non-finite keys are hits whenever thr <= nonfinite_key; else assume some.
+    nonfinite = thr > nonfinite_key;
+    fold_each_at_least(g, e, n, thr, [&](std::size_t i) {
+      if (magnitude_key(e[i]) >= nonfinite_key) nonfinite = true;
+      hit(i);
+    });
+  }
+  const float* values() {
+    if (!folded) each_at_least(nonfinite_key, [](std::size_t) {});
+    return e;
+  }
+  void sent(std::size_t i) { e[i] = 0.0f; }
+  /// sent() stores at scattered elements of a tensor far larger than the
+  /// cache: their lines are fetched ahead.
+  void will_send(std::size_t i) const { __builtin_prefetch(e + i, 1, 0); }
+  /// After the payload is written: non-finite residual entries become +0.
+  void finish() {
+    if (!nonfinite) return;
+    for (std::size_t i = 0; i < n; ++i)
+      if (magnitude_key(e[i]) >= nonfinite_key) e[i] = 0.0f;
+  }
+};
+
 /// Largest element count a sparse payload can index (u32 indices).
 inline constexpr std::uint64_t max_count = std::uint64_t{1} << 32;
+
+/// Rejects an error-feedback encode whose residual is not the input's length.
+inline void check_feedback_sizes(std::size_t n, std::size_t residual, const char* op) {
+  wire::check(residual == n, op,
+              "error-feedback residual of " + std::to_string(residual) + " elements for a tensor of " +
+                  std::to_string(n));
+}
 
 /// Body bytes of k entries of T.
 template <class T> constexpr std::size_t body_bytes(std::size_t k) {
@@ -200,14 +308,14 @@ GRADSYNC_HD inline std::size_t sample_index(const philox_stream& rng, std::size_
   return static_cast<std::size_t>((static_cast<std::uint64_t>(rng.bits(j)) * n) >> 32);
 }
 
-/// A key about overshoot x k of the n magnitudes of x reach: the
+/// A key about overshoot x k of the n magnitudes of a tensor reach: the
 /// ceil(overshoot s k / n)-th largest of s = sample.size() sampled keys
-/// (sample j at index(j) < n; `sample` is scratch).
-template <float_element T, class Index>
-std::uint32_t sampled_threshold(const T* x, std::size_t n, std::size_t k, Index index,
+/// (key_at(index(j)), index(j) < n; `sample` is scratch).
+template <class KeyAt, class Index>
+std::uint32_t sampled_threshold(KeyAt key_at, std::size_t n, std::size_t k, Index index,
                                 std::span<std::uint32_t> sample, double overshoot) {
   const std::size_t s = sample.size();
-  for (std::size_t j = 0; j < s; ++j) sample[j] = magnitude_key(x[index(j)]);
+  for (std::size_t j = 0; j < s; ++j) sample[j] = key_at(index(j));
   const double q = std::ceil(overshoot * static_cast<double>(s) * static_cast<double>(k) / static_cast<double>(n));
   const std::size_t rank = std::min(s, static_cast<std::size_t>(q)) - 1;
   std::nth_element(sample.begin(), sample.begin() + static_cast<std::ptrdiff_t>(rank), sample.end(),
@@ -222,12 +330,62 @@ inline std::size_t candidate_slots(std::size_t k, std::size_t count) {
   return k >= count / 4 ? count : 4 * k;
 }
 
-/// select_top over the magnitudes of x[0, count), reading the tensor twice
-/// instead of four times: the first digit counts every element, one
-/// collecting pass (collect_at_least) gathers the indices whose key reaches
-/// its bucket into `cand`, and the other digits and the emitting pass run
-/// over those candidates (still in index order: the same selection, ties
-/// included). When they would not fit in `cand`, the whole-tensor passes.
+/// Candidates of a selection, in index order: their indices and values, so
+/// that the passes after the collecting one read them sequentially instead of
+/// gathering from the tensor (64 MiB at 1 %: 4 passes over 218K scattered
+/// elements cost 12 ms, the whole encode with the fold 23 ms).
+template <class V> struct candidates {
+  std::span<std::uint32_t> index;
+  std::span<V> value; ///< as many slots as index
+};
+
+/// Stores (i, x_i) for every element of src with key >= thr into `c`, in
+/// index order; returns how many there are (more than c holds: the rest were
+/// counted, not stored).
+template <class Src> std::size_t collect(Src& src, std::uint32_t thr, candidates<typename Src::value_type> c) {
+  std::size_t got = 0;
+  src.each_at_least(thr, [&](std::size_t i) {
+    if (got < c.index.size()) {
+      c.index[got] = static_cast<std::uint32_t>(i);
+      c.value[got] = src.values()[i];
+    }
+    ++got;
+  });
+  return got;
+}
+
+/// emit(i, x_i) for the k largest keys among the first `count` candidates
+/// of src, i increasing. The emitting pass tells src which elements come
+/// next (will_send), policy::sparse_prefetch_ahead candidates ahead.
+template <class Src, class Emit>
+void select_top_among(Src& src, std::size_t count, std::size_t k, candidates<typename Src::value_type> c,
+                      std::span<std::size_t> hist, Emit emit) {
+  if (k == 0) return;
+  const auto key = [&](std::size_t j) { return magnitude_key(c.value[j]); };
+  const cut ct = k >= count ? cut{0, count} : radix_select(count, k, key, hist);
+  std::size_t equal = 0;
+  for (std::size_t j = 0; j < count; ++j) {
+    if (j + policy::sparse_prefetch_ahead < count) src.will_send(c.index[j + policy::sparse_prefetch_ahead]);
+    const std::uint32_t kk = key(j);
+    if (kk > ct.key || (kk == ct.key && equal++ < ct.take_equal)) emit(static_cast<std::size_t>(c.index[j]), c.value[j]);
+  }
+}
+
+/// emit(i, x_i) for the k largest keys of the whole tensor, i increasing.
+template <class Src, class Emit>
+void select_top_all(Src& src, std::size_t count, std::size_t k, std::span<std::size_t> hist, Emit emit) {
+  const auto* x = src.values();
+  select_top(
+      count, k, [x](std::size_t i) { return magnitude_key(x[i]); }, hist, [&](std::size_t i) { emit(i, x[i]); });
+}
+
+/// select_top over the magnitudes of src's count elements (plain_input or
+/// folded_input), calling emit(i, x_i), reading the tensor twice instead of
+/// four times: the first digit counts every element, one collecting pass
+/// gathers the candidates whose key reaches its bucket into `cand`, and the
+/// other digits and the emitting pass run over those (still in index order:
+/// the same selection, ties included). When they would not fit in `cand`,
+/// the whole-tensor passes.
 /// (gradsync-bench compress, 64 MiB at 1 %: 23 % of memcpy before, 26-34 %
 /// after, docs/compression.md. Four interleaved histograms for the first
 /// digit, against store-to-load stalls on the few hot counters, measured
@@ -240,11 +398,10 @@ inline std::size_t candidate_slots(std::size_t k, std::size_t count) {
 /// key above the threshold, so the top k is the same set. Otherwise (a
 /// sample off by more than 3 sigma) the two passes above.
 /// (gradsync-bench compress, 64 MiB at 1 %: ~36 ms for the two passes.)
-template <float_element T, class Emit>
-void select_top_of(const T* x, std::size_t count, std::size_t k, std::span<std::size_t> hist,
-                   std::span<std::uint32_t> cand, Emit emit, std::span<std::uint32_t> sample = {}) {
-  const auto key = [x](std::size_t i) { return magnitude_key(x[i]); };
-  if (k == 0 || k >= count) return select_top(count, k, key, hist, emit);
+template <class Src, class Emit>
+void select_top_of(Src& src, std::size_t count, std::size_t k, std::span<std::size_t> hist,
+                   candidates<typename Src::value_type> cand, Emit emit, std::span<std::uint32_t> sample = {}) {
+  if (k == 0 || k >= count) return select_top_all(src, count, k, hist, emit);
   if (!sample.empty()) {
     // Stratified: sample j at a hashed offset inside the j-th of s equal
     // strata (the selection does not depend on it, only the speed; a Philox
@@ -255,26 +412,46 @@ void select_top_of(const T* x, std::size_t count, std::size_t k, std::span<std::
       z = (z ^ (z >> 29)) * 0xbf58476d1ce4e5b9ull;
       return j * stride + static_cast<std::size_t>(((z >> 32) * stride) >> 32);
     };
-    const std::uint32_t thr = sampled_threshold(x, count, k, index, sample, policy::approx_topk_overshoot);
+    const std::uint32_t thr = sampled_threshold([&](std::size_t i) { return src.key_at(i); }, count, k, index,
+                                                sample, policy::approx_topk_overshoot);
     if (thr > 0) {
-      const std::size_t c = collect_at_least(x, count, thr, cand.data(), cand.size());
-      if (c >= k && c <= cand.size()) {
-        const auto ckey = [&](std::size_t j) { return key(cand[j]); };
-        return select_top(c, k, ckey, hist, [&](std::size_t j) { emit(cand[j]); });
-      }
+      const std::size_t c = collect(src, thr, cand);
+      if (c >= k && c <= cand.index.size()) return select_top_among(src, c, k, cand, hist, emit);
     }
   }
+  const auto* x = src.values();
+  const auto key = [x](std::size_t i) { return magnitude_key(x[i]); };
   radix_state st{0, 0, k};
   const std::size_t in_bucket = radix_digit(count, key, hist, 0, st);
   const std::size_t c = (k - st.need) + in_bucket; // keys at or above the bucket
-  if (c > cand.size()) return select_top(count, k, key, hist, emit);
-  const std::size_t got = collect_at_least(x, count, st.prefix, cand.data(), cand.size());
+  if (c > cand.index.size()) return select_top_all(src, count, k, hist, emit);
+  const std::size_t got = collect(src, st.prefix, cand);
   if (got != c) // the two passes count the same keys
     wire::fail("select_top_of", std::to_string(got) + " candidates collected, " + std::to_string(c) + " counted",
                errc::internal);
-  const auto ckey = [&](std::size_t j) { return key(cand[j]); };
+  const auto ckey = [&](std::size_t j) { return magnitude_key(cand.value[j]); };
   for (int d = 1; d < radix_digits; ++d) radix_digit(c, ckey, hist, d, st);
-  emit_cut(c, ckey, cut{st.prefix, st.need}, [&](std::size_t j) { emit(cand[j]); });
+  emit_cut(c, ckey, cut{st.prefix, st.need}, [&](std::size_t j) { emit(cand.index[j], cand.value[j]); });
+}
+
+/// A sparsifier's encode: encode_from(plain_input) over `in`.
+template <float_element T, class EncodeFrom>
+std::size_t encode_plain(std::span<const T> in, const char* op, EncodeFrom encode_from) {
+  check_float_range(in, op);
+  plain_input<T> src{in.data(), in.size()};
+  return encode_from(src);
+}
+
+/// A sparsifier's encode_feedback: encode_from(folded_input) over in +
+/// residual, then the residual's non-finite entries dropped.
+template <class EncodeFrom>
+std::size_t encode_feedback(std::span<const float> in, std::span<float> residual, const char* op,
+                            EncodeFrom encode_from) {
+  check_feedback_sizes(in.size(), residual.size(), op);
+  folded_input src{in.data(), residual.data(), in.size()};
+  const std::size_t bytes = encode_from(src);
+  src.finish();
+  return bytes;
 }
 
 // ---------------------------------------------------------------------------
@@ -307,6 +484,11 @@ void validate(std::span<const std::byte> body, std::uint64_t k, std::uint64_t co
 template <float_element T> struct entries {
   const std::byte* body = nullptr;
   std::size_t k = 0;
+
+  /// Index of entry j (< k).
+  std::uint32_t index(std::size_t j) const { return wire::load<std::uint32_t>(body + 4 * j); }
+  /// Value of entry j (< k) as float.
+  float value(std::size_t j) const { return to_float(wire::load<T>(body + 4 * k + sizeof(T) * j)); }
 
   /// sink(index, value as float) for every entry, indices increasing.
   template <class Sink> void each(Sink sink) const {

@@ -12,6 +12,7 @@
 // Body: the sparse body of sparse.hpp; every value has |value| >= tau.
 #pragma once
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -54,21 +55,17 @@ template <float_element T> struct threshold {
   /// Encodes the elements with |x| >= tau in one pass; returns payload bytes.
   std::size_t encode(std::span<const T> in, state&, std::span<std::byte> ws,
                      std::span<std::byte> out) const {
-    check_float_range(in, encode_op);
-    const std::size_t n = in.size();
-    wire::check(valid_tau(tau), encode_op,
-                "tau " + std::to_string(tau) + " must be finite and >= 0");
-    sparse::check_count(n, encode_op);
-    check_encode_buffers(encode_op, out.size(), max_encoded_bytes(n), ws.size(), 0);
-    wire::writer w(out, id, dtype_traits<T>::id, n, param_bytes, encode_op);
-    std::byte* body = w.body().data();
-    std::size_t e = 0;
-    // Values go to the slots of an n-entry body and move down once e is known.
-    for (std::size_t i = 0; i < n; ++i)
-      if (threshold_keeps(in[i], tau)) sparse::put<T>(body, n, e++, static_cast<std::uint32_t>(i), in[i]);
-    if (e < n) std::memmove(body + 4 * e, body + 4 * n, sizeof(T) * e);
-    wire::param_writer(w.params()).put<float>(tau).put<std::uint32_t>(0).put<std::uint64_t>(e);
-    return w.finish(sparse::body_bytes<T>(e));
+    return sparse::encode_plain(in, encode_op, [&](auto& src) { return encode_from(src, ws, out); });
+  }
+
+  /// Error-feedback encode in one pass over the tensor (sparse::folded_input):
+  /// encodes x = in + residual and leaves residual = x - decode(payload),
+  /// non-finite parts dropped; returns payload bytes.
+  std::size_t encode_feedback(std::span<const T> in, std::span<T> residual, state&, std::span<std::byte> ws,
+                              std::span<std::byte> out) const
+    requires std::same_as<T, float>
+  {
+    return sparse::encode_feedback(in, residual, encode_op, [&](auto& src) { return encode_from(src, ws, out); });
   }
 
   /// out = the sparse tensor of `payload` (zeros off the sent indices).
@@ -87,6 +84,26 @@ template <float_element T> struct threshold {
   }
 
 private:
+  template <class Src> std::size_t encode_from(Src& src, std::span<std::byte> ws, std::span<std::byte> out) const {
+    const std::size_t n = src.n;
+    wire::check(valid_tau(tau), encode_op,
+                "tau " + std::to_string(tau) + " must be finite and >= 0");
+    sparse::check_count(n, encode_op);
+    check_encode_buffers(encode_op, out.size(), max_encoded_bytes(n), ws.size(), 0);
+    wire::writer w(out, id, dtype_traits<T>::id, n, param_bytes, encode_op);
+    std::byte* body = w.body().data();
+    std::size_t e = 0;
+    // Values go to the slots of an n-entry body and move down once e is known.
+    // (threshold_keeps(x, tau) is magnitude_key(x) >= magnitude_key(tau).)
+    src.each_at_least(sparse::magnitude_key(tau), [&](std::size_t i) {
+      sparse::put<T>(body, n, e++, static_cast<std::uint32_t>(i), src.values()[i]);
+      src.sent(i);
+    });
+    if (e < n) std::memmove(body + 4 * e, body + 4 * n, sizeof(T) * e);
+    wire::param_writer(w.params()).put<float>(tau).put<std::uint32_t>(0).put<std::uint64_t>(e);
+    return w.finish(sparse::body_bytes<T>(e));
+  }
+
   static bool valid_tau(float t) { return finite(t) && t >= 0.0f; }
 
   // tau valid, padding zero, and every value really passes tau. The body

@@ -10,13 +10,14 @@
 // candidates one pass collects above a sampled threshold; should the sample
 // miss, one counting pass for the first digit, one collecting the candidates
 // that reach its bucket, the rest over those (sparse::select_top_of); O(n),
-// 16 KiB of counters, 4 k candidate indices and 128 n / k sampled keys of
-// workspace.
+// 16 KiB of counters, 4 k candidate indices and values and 128 n / k sampled
+// keys of workspace.
 //
 // Parameter block (8 bytes): u64 entries sent (min(k, count)).
 // Body: the sparse body of sparse.hpp.
 #pragma once
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -51,38 +52,30 @@ template <float_element T> struct topk {
   }
 
   /// Workspace bytes for n elements: the radix counters and candidate
-  /// indices, when a selection runs.
+  /// indices and values, when a selection runs.
   std::size_t workspace_bytes(std::size_t n) const {
     const std::size_t e = entries(n);
     return e == 0 || e == n ? 0
                             : workspace_piece<std::size_t>(sparse::radix_buckets) +
                                   workspace_piece<std::uint32_t>(sparse::candidate_slots(e, n)) +
+                                  workspace_piece<T>(sparse::candidate_slots(e, n)) +
                                   workspace_piece<std::uint32_t>(sparse::sample_size(n, e));
   }
 
   /// Encodes the entries(n) largest magnitudes of `in`; returns payload bytes.
   std::size_t encode(std::span<const T> in, state&, std::span<std::byte> ws,
                      std::span<std::byte> out) const {
-    check_float_range(in, encode_op);
-    const std::size_t n = in.size();
-    sparse::check_count(n, encode_op);
-    check_encode_buffers(encode_op, out.size(), max_encoded_bytes(n), ws.size(),
-                         workspace_bytes(n));
-    const std::size_t e = entries(n);
-    wire::writer w(out, id, dtype_traits<T>::id, n, param_bytes, encode_op);
-    wire::param_writer(w.params()).put<std::uint64_t>(e);
-    workspace_cursor cur(ws, encode_op);
-    const bool selects = e != 0 && e != n;
-    const auto hist = cur.take<std::size_t>(selects ? sparse::radix_buckets : 0);
-    const auto cand = cur.take<std::uint32_t>(selects ? sparse::candidate_slots(e, n) : 0);
-    const auto sample = cur.take<std::uint32_t>(selects ? sparse::sample_size(n, e) : 0);
-    const T* x = in.data();
-    std::byte* body = w.body().data();
-    std::size_t j = 0;
-    sparse::select_top_of(
-        x, n, e, hist, cand, [&](std::size_t i) { sparse::put<T>(body, e, j++, static_cast<std::uint32_t>(i), x[i]); },
-        sample);
-    return w.finish(sparse::body_bytes<T>(e));
+    return sparse::encode_plain(in, encode_op, [&](auto& src) { return encode_from(src, ws, out); });
+  }
+
+  /// Error-feedback encode in one pass over the tensor (sparse::folded_input):
+  /// encodes x = in + residual and leaves residual = x - decode(payload),
+  /// non-finite parts dropped; returns payload bytes.
+  std::size_t encode_feedback(std::span<const T> in, std::span<T> residual, state&, std::span<std::byte> ws,
+                              std::span<std::byte> out) const
+    requires std::same_as<T, float>
+  {
+    return sparse::encode_feedback(in, residual, encode_op, [&](auto& src) { return encode_from(src, ws, out); });
   }
 
   /// out = the sparse tensor of `payload` (zeros off the sent indices).
@@ -97,6 +90,32 @@ template <float_element T> struct topk {
   /// place (sparse::entries): what a sparse reduction visits more than once.
   sparse::entries<T> open_entries(std::span<const std::byte> payload, std::size_t n) const {
     return sparse::open_entries<topk>(payload, n);
+  }
+
+private:
+  template <class Src> std::size_t encode_from(Src& src, std::span<std::byte> ws, std::span<std::byte> out) const {
+    const std::size_t n = src.n;
+    sparse::check_count(n, encode_op);
+    check_encode_buffers(encode_op, out.size(), max_encoded_bytes(n), ws.size(), workspace_bytes(n));
+    const std::size_t e = entries(n);
+    wire::writer w(out, id, dtype_traits<T>::id, n, param_bytes, encode_op);
+    wire::param_writer(w.params()).put<std::uint64_t>(e);
+    workspace_cursor cur(ws, encode_op);
+    const bool selects = e != 0 && e != n;
+    const auto hist = cur.take<std::size_t>(selects ? sparse::radix_buckets : 0);
+    const std::size_t slots = selects ? sparse::candidate_slots(e, n) : 0;
+    const sparse::candidates<T> cand{cur.take<std::uint32_t>(slots), cur.take<T>(slots)};
+    const auto sample = cur.take<std::uint32_t>(selects ? sparse::sample_size(n, e) : 0);
+    std::byte* body = w.body().data();
+    std::size_t j = 0;
+    sparse::select_top_of(
+        src, n, e, hist, cand,
+        [&](std::size_t i, T v) {
+          sparse::put<T>(body, e, j++, static_cast<std::uint32_t>(i), v);
+          src.sent(i);
+        },
+        sample);
+    return w.finish(sparse::body_bytes<T>(e));
   }
 };
 
