@@ -354,7 +354,7 @@ void compressed_allreduce(C& c, std::span<T> data, const compression& z, compres
           state.step = step;
           state.rank = static_cast<std::uint32_t>(r);
         }
-        const std::size_t need = algo::sparse_allgather::workspace_bytes(k, n) + k.max_encoded_bytes(n) + 16;
+        const std::size_t need = algo::sparse_allgather::workspace_bytes(k, n, p) + k.max_encoded_bytes(n) + 16;
         if (st.workspace.size() < need) st.workspace.resize(need);
         const std::span<std::byte> ws(st.workspace);
         const std::size_t payload_bytes = (k.max_encoded_bytes(n) + 15) / 16 * 16;

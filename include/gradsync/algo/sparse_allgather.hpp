@@ -93,6 +93,10 @@ inline bool sparse_pays(std::span<const std::size_t> sizes, std::size_t n, std::
   return static_cast<double>(total - least) <= policy::sparse_dense_ratio * dense;
 }
 
+/// Whether p ranks' payloads are summed through n dense accumulators (past
+/// policy::sparse_merge_ranks) rather than merged in index order.
+constexpr bool sums_densely(int p) { return p > policy::sparse_merge_ranks; }
+
 /// Outcome of one call.
 struct result {
   bool sparse = true;       ///< the sparse allgather ran (else the dense fallback)
@@ -103,8 +107,8 @@ struct result {
 /// Sparse allreduce in place on `data` (n elements) with codec `k` and its
 /// state `st`. `residual`: n error-feedback accumulators (folded into data
 /// first, then set to data - decoded own payload) or nullptr.
-/// `payload` must hold k.max_encoded_bytes(n), `ws` k.workspace_bytes(n) +
-/// n accumulators; `gathered` grows to the gathered payloads. `dense(span<T>)`
+/// `payload` must hold k.max_encoded_bytes(n), `ws` workspace_bytes(k, n,
+/// c.size()); `gathered` grows to the gathered payloads. `dense(span<T>)`
 /// allreduces a dense tensor (same op as this call) on every rank.
 template <transport C, compress::codec K, class Dense>
 result allreduce(C& c, const K& k, typename K::state& st, typename K::value_type* data, std::size_t n,
@@ -116,7 +120,7 @@ result allreduce(C& c, const K& k, typename K::state& st, typename K::value_type
                 "a sparse codec opens its payload's entries (sparse::entries)");
   const int p = c.size();
   compress::workspace_cursor cur(ws, "allreduce.compressed");
-  const auto acc = cur.take<A>(n);
+  const auto acc = cur.take<A>(sums_densely(p) ? n : 0);
   timeline* const trace = trace_of(c);
   const auto decoding = [&](std::size_t elements) { return element_phase(trace, "decode", "codec", elements); };
   result res;
@@ -204,7 +208,7 @@ result allreduce(C& c, const K& k, typename K::state& st, typename K::value_type
   // The sum of ranks 0 .. p-1 in that order at every gathered entry, as a
   // zeroed dense accumulator would hold it, and +0 elsewhere.
   const A ranks = static_cast<A>(p);
-  if (p <= policy::sparse_merge_ranks) {
+  if (!sums_densely(p)) {
     // A p-way merge of the index-sorted payloads: each gathered index once,
     // its values summed in rank order, the zeros not written during the
     // gather filled in the same sweep (one write of every line; a memset
@@ -237,10 +241,11 @@ result allreduce(C& c, const K& k, typename K::state& st, typename K::value_type
   return res;
 }
 
-/// Scratch bytes allreduce() needs in `ws` for n elements.
-template <compress::codec K> std::size_t workspace_bytes(const K& k, std::size_t n) {
-  return compress::workspace_piece<accum_t<typename K::value_type>>(n) + k.workspace_bytes(n) +
-         compress::workspace_align;
+/// Scratch bytes allreduce() needs in `ws` for n elements on p ranks (the
+/// accumulators only where the sum goes through them).
+template <compress::codec K> std::size_t workspace_bytes(const K& k, std::size_t n, int p) {
+  return compress::workspace_piece<accum_t<typename K::value_type>>(sums_densely(p) ? n : 0) +
+         k.workspace_bytes(n) + compress::workspace_align;
 }
 
 } // namespace gradsync::algo::sparse_allgather
