@@ -168,8 +168,8 @@ int collective_main(std::string_view name, int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   std::string verify = "auto";
   app.add_option("--verify", verify,
-                 "call agreement check before every call (options::verify): auto (payloads >= "
-                 "policy::verify_min_bytes, all under GRADSYNC_DEBUG=1), always, never")
+                 "call agreement check (options::verify): auto and always check every call "
+                 "(in band on direct shm calls), never skips it (to measure its cost)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "always", "never"}));
   app.add_flag("--shared-buffers", cfg.shared,

@@ -87,34 +87,36 @@ inline void check_tag(int tag, const char* op, int rank) {
                        "] (a call uses tags [tag, tag + " + std::to_string(policy::tag_span) + "))");
 }
 
-// Whether GRADSYNC_DEBUG asks for every call to be verified (read once).
-inline bool debug_checks() {
-  static const bool on = [] {
-    const char* v = std::getenv("GRADSYNC_DEBUG");
-    return v != nullptr && *v != '\0' && std::string_view(v) != "0";
-  }();
-  return on;
-}
+// Whether a call checks its fingerprint (every call unless the options say
+// never: a disagreement at any size fails every rank with one error).
+inline bool verifies(const options& o) { return o.verify != verification::never; }
 
-// Whether a call of `bytes` payload checks its fingerprint first.
-inline bool verifies(const options& o, std::size_t bytes) {
-  switch (o.verify) {
-  case verification::always: return true;
-  case verification::never: return false;
-  case verification::automatic: break;
+// Where a call's fingerprint is checked. In band: in the first arena round
+// of a direct schedule on a shared-arena transport, which every rank
+// synchronises on anyway (no extra message). On other calls of such a
+// transport: an arena round of its own. Elsewhere: algo/verify.hpp's
+// dissemination round of messages.
+enum class check_path { none, inband, arena, messages };
+template <transport C> check_path check_path_of(const C& c, const call_fingerprint& f, const options& o) {
+  if (!verifies(o) || c.size() <= 1) return check_path::none;
+  if constexpr (shared_arena<C> && recorded<C>) {
+    // A zero-count direct call runs no round: it checks in its own round,
+    // which meets the first round of its peers' calls.
+    return f.algo == algorithm::direct && f.count > 0 ? check_path::inband : check_path::arena;
+  } else {
+    return check_path::messages;
   }
-  return bytes >= policy::verify_min_bytes || debug_checks();
 }
 
 // Runs the data-moving part of collective `name` (arguments validated, the
 // schedule chosen, into `f`): fails fast on a communicator that failed
-// before; numbers the call; checks the fingerprint where verifies() says;
-// runs `body`. Any failure marks the communicator failed (the call may have
+// before; numbers the call; checks the fingerprint (check_path_of); runs
+// `body`. Any failure marks the communicator failed (the call may have
 // left unmatched messages) and is raised as an error of `name` that keeps
 // the kind and peer of the cause and adds the call and the elapsed time.
 // On a traced communicator the call is one phase `name` of the timeline
 // (arguments: the call in words, count, bytes, algorithm, sequence number),
-// the check one phase "verify" inside it.
+// the check one phase "verify" inside it (not for the in-band check).
 template <transport C, class F>
 void run_call(C& c, const char* name, call_fingerprint f, std::size_t bytes, const options& o, F&& body) {
   const int r = c.rank();
@@ -124,6 +126,9 @@ void run_call(C& c, const char* name, call_fingerprint f, std::size_t bytes, con
                   "the communicator failed in an earlier call and must be rebuilt (" + c.calls().failure() + ")");
     f.seq = c.calls().next(o.tag);
   }
+  // Ranks cutting the payload into different segments would exchange
+  // messages of different sizes (direct calls and gossip have none).
+  if (f.kind != call_kind::barrier && f.algo != algorithm::direct && !is_gossip(f.kind)) f.segment = o.segment();
   timeline* const trace = trace_of(c);
   const scoped_phase call(trace, name, "call", [&](trace_args& a) {
     a("call", algo::verify::describe(f))("count", f.count)("bytes", bytes)("algorithm", algorithm_name(f.algo))(
@@ -131,11 +136,24 @@ void run_call(C& c, const char* name, call_fingerprint f, std::size_t bytes, con
   });
   const auto t0 = std::chrono::steady_clock::now();
   try {
-    if (verifies(o, bytes)) {
+    const check_path path = check_path_of(c, f, o);
+    if (path == check_path::arena || path == check_path::messages) {
       const scoped_phase check(trace, "verify", "call");
-      algo::verify::agree(c, f, o.tag + policy::verify_tag_offset, name);
+      if constexpr (shared_arena<C>) algo::shm_direct::agree(c, f, name);
+      else algo::verify::agree(c, f, o.tag + policy::verify_tag_offset, name);
     }
-    body();
+    if constexpr (recorded<C>) {
+      // In band: the schedule's first round publishes `f` (cleared after, so
+      // that calls it makes of its own do not publish it again).
+      struct inband_scope {
+        call_record& rec;
+        ~inband_scope() { rec.set_inband(nullptr); }
+      } scope{c.calls()};
+      if (path == check_path::inband) c.calls().set_inband(&f);
+      body();
+    } else {
+      body();
+    }
   } catch (const error& e) {
     if constexpr (recorded<C>) c.calls().fail(e.what());
     if (e.op() == name) throw;

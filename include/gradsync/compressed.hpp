@@ -321,6 +321,10 @@ void compressed_allreduce(C& c, std::span<T> data, const compression& z, compres
       if (family != compress::codec_family::sparse && family != compress::codec_family::quantizer)
         algo::fold_residual(data.data(), residual, n);
     }
+    // Under error feedback the codecs run in their contractive form (random-k
+    // unscaled, terngrad and qsgd with the error-minimising scale;
+    // compress::feedback_form): the unbiased ones make the residual diverge.
+    const auto form = [&](const auto& k) { return residual ? compress::feedback_form(k) : k; };
     std::size_t sent = 0;
     detail::counted<C> cc{c, &sent};
     const std::size_t dense_bytes_per_elem = p > 1 ? 2 * (static_cast<std::size_t>(p) - 1) * sizeof(T) : 0;
@@ -330,9 +334,10 @@ void compressed_allreduce(C& c, std::span<T> data, const compression& z, compres
     };
     switch (family) {
     case compress::codec_family::quantizer:
-      compress::with_codec<T>(z.codec, n, [&](const auto& k, auto) {
-        using K = std::remove_cvref_t<decltype(k)>;
+      compress::with_codec<T>(z.codec, n, [&](const auto& k0, auto) {
+        using K = std::remove_cvref_t<decltype(k0)>;
         if constexpr (compress::family_of<K>() == compress::codec_family::quantizer) {
+          const K k = form(k0);
         const algo::compressed_ring::call<K> x{.seed = z.seed, .step = step, .average = average, .residual = residual,
                                                .fold = residual != nullptr, .seg_bytes = z.segment(), .tag = o.tag};
         const bool two = quant == compressed_path::two_step;
@@ -367,9 +372,8 @@ void compressed_allreduce(C& c, std::span<T> data, const compression& z, compres
       break;
     case compress::codec_family::shared_randk:
       compress::with_codec<T>(z.codec, n, [&](const auto& k0, auto) {
-        auto k = k0;
-        if constexpr (compress::family_of<decltype(k)>() == compress::codec_family::shared_randk) {
-          k.unbiased = residual == nullptr;
+        const auto k = form(k0);
+        if constexpr (compress::family_of<std::remove_cvref_t<decltype(k)>>() == compress::codec_family::shared_randk) {
           const std::size_t e = k.entries(n);
           const std::size_t need = compress::workspace_piece<T>(e) + compress::workspace_piece<std::uint64_t>(e) + 32;
           if (st.workspace.size() < need) st.workspace.resize(need);

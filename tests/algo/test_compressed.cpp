@@ -212,7 +212,8 @@ void check_quantizer_feedback(const char* spec, int p, std::size_t n, std::size_
     got_res[c.rank()] = st.residual;
   });
   std::vector<std::vector<A>> res(static_cast<std::size_t>(p), std::vector<A>(n, A(0)));
-  gc::with_codec<T>(z.codec, n, [&](const auto& k, auto) {
+  gc::with_codec<T>(z.codec, n, [&](const auto& k0, auto) {
+    const auto k = gc::feedback_form(k0); // what error feedback encodes with (terngrad, qsgd: unbiased = false)
     for (int t = 0; t < steps; ++t) {
       std::vector<std::vector<T>> in(static_cast<std::size_t>(p));
       for (int r = 0; r < p; ++r) in[r] = input<T>(r, n, t);
@@ -243,6 +244,7 @@ TEST_CASE("compressed ring and two-step with error feedback equal the fold-first
     }
   check_quantizer_feedback<half>("int4:block=8", 3, 2000, 256, compressed_algorithm::ring);
   check_quantizer_feedback<double>("qsgd:levels=7,block=16", 4, 3000, 512, compressed_algorithm::ring);
+  check_quantizer_feedback<float>("terngrad:block=16", 3, 2000, 256, compressed_algorithm::two_step);
   check_quantizer_feedback<bfloat16>("int8:block=64", 4, 3000, 512, compressed_algorithm::two_step);
 }
 

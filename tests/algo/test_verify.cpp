@@ -54,7 +54,7 @@ TEST_CASE("verify: describe names every differing field with its ranks (closed-f
   // Equal fingerprints hash equally; every field moves the hash.
   call_fingerprint b = a;
   CHECK(a.hash() == b.hash());
-  for (int field = 0; field < 8; ++field) {
+  for (int field = 0; field < 9; ++field) {
     b = a;
     switch (field) {
     case 0: b.kind = call_kind::reduce; break;
@@ -64,6 +64,7 @@ TEST_CASE("verify: describe names every differing field with its ranks (closed-f
     case 4: b.root = 0; break;
     case 5: b.count = 99; break;
     case 6: b.codec = 5; break;
+    case 7: b.segment = 4096; break;
     default: b.seq = 1; break;
     }
     CHECK(a.hash() != b.hash());
@@ -116,13 +117,15 @@ TEST_CASE("verify: ranks passing different counts all raise one mismatch error n
   }
 }
 
-TEST_CASE("verify: by default, calls of at least policy::verify_min_bytes are checked") {
-  const std::size_t n = policy::verify_min_bytes / sizeof(float);
-  const auto s = run_each(3, [&](communicator& c) {
-    std::vector<float> v(c.rank() == 1 ? n + 1 : n, 1.f);
-    allreduce(c, std::span<float>(v), op::sum{});
-  });
-  expect_same_mismatch(s, "allreduce", "rank 1: " + std::to_string(n + 1));
+TEST_CASE("verify: by default, calls of every size are checked") {
+  for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{2}, std::size_t{1024}, std::size_t{262144}}) {
+    CAPTURE(n);
+    const auto s = run_each(3, [&](communicator& c) {
+      std::vector<float> v(c.rank() == 1 ? n + 1 : n, 1.f);
+      allreduce(c, std::span<float>(v), op::sum{});
+    });
+    expect_same_mismatch(s, "allreduce", "rank 1: " + std::to_string(n + 1));
+  }
 }
 
 TEST_CASE("verify: dtype, op, collective and root differences are named on every rank") {

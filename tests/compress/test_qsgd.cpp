@@ -100,3 +100,64 @@ TEST_CASE("qsgd: deterministic Philox noise") { check_determinism(cz::qsgd<float
 TEST_CASE("qsgd: family checks, 4-bit") { common_checks(cz::qsgd<float>{.block = 32, .rule = {.levels = 5}}); }
 TEST_CASE("qsgd: family checks, 8-bit") { common_checks(cz::qsgd<float>{.block = 48, .rule = {.levels = 64}}); }
 TEST_CASE("qsgd: family checks, defaults") { common_checks(cz::qsgd<float>{}); }
+
+// The feedback form (rule.unbiased = false, what error feedback runs): the
+// same codes, each bucket's scale lambda ||x|| with lambda = ||x||^2 /
+// E||Q(x)||^2 (E from the level probabilities, computed here in double),
+// and the mean squared error ||x||^2 (1 - lambda) below ||x||^2 even where
+// the unbiased form's variance is above it (s = 2, buckets of 256).
+TEST_CASE("qsgd feedback form: same codes, scale lambda ||x||, a contraction") {
+  const auto x = gradient_like(1200, 41);
+  for (const auto& lb : {std::pair<std::uint16_t, std::uint32_t>{7, 128}, {2, 256}, {100, 64}}) {
+    const std::uint16_t levels = lb.first; // (not a structured binding: clang 14 cannot capture one)
+    const std::uint32_t block = lb.second;
+    CAPTURE(levels);
+    const std::size_t n = x.size(), nb = (n + block - 1) / block;
+    const cz::qsgd<float> plain{.block = block, .rule = {.levels = levels}};
+    const cz::qsgd<float> fb{.block = block, .rule = {.levels = levels, .unbiased = false}};
+    cz::stream_state s1{.seed = 5, .step = 2, .rank = 3}, s2 = s1;
+    const auto p1 = cz::encode_to_vector(plain, std::span<const float>(x), s1);
+    const auto p2 = cz::encode_to_vector(fb, std::span<const float>(x), s2);
+    REQUIRE(p1.size() == p2.size());
+    CHECK(std::equal(p1.begin() + static_cast<std::ptrdiff_t>(codes_at(n, block)), p1.end(),
+                     p2.begin() + static_cast<std::ptrdiff_t>(codes_at(n, block))));
+    std::vector<double> l2(nb, 0.0), eq2(nb, 0.0), lambda(nb, 0.0);
+    for (std::size_t b = 0; b < nb; ++b) {
+      const double norm = cz::wire::load<float>(p1.data() + scale_at(b)); // the unbiased scale
+      for (std::size_t i = b * block; i < std::min(n, (b + 1) * block); ++i) {
+        const double a = std::fabs(x[i]) / norm * levels, f = std::floor(a), p = a - f;
+        l2[b] += static_cast<double>(x[i]) * x[i];
+        eq2[b] += (f * f + (2 * f + 1) * p) * norm * norm / (double(levels) * levels); // E Q_i^2
+      }
+      lambda[b] = l2[b] / eq2[b];
+      CAPTURE(b);
+      CHECK(cz::wire::load<float>(p2.data() + scale_at(b)) == doctest::Approx(lambda[b] * norm).epsilon(1e-5));
+      CHECK(lambda[b] <= 1.0);
+    }
+    const int draws = 2000;
+    std::vector<double> err_fb(nb, 0.0), err_plain(nb, 0.0);
+    cz::stream_state a{.seed = 78}, c = a;
+    for (int d = 0; d < draws; ++d) {
+      const auto y = roundtrip(fb, x, a);
+      const auto z = roundtrip(plain, x, c);
+      for (std::size_t i = 0; i < n; ++i) {
+        err_fb[i / block] += (x[i] - static_cast<double>(y[i])) * (x[i] - static_cast<double>(y[i])) / draws;
+        err_plain[i / block] += (x[i] - static_cast<double>(z[i])) * (x[i] - static_cast<double>(z[i])) / draws;
+      }
+    }
+    int above = 0;
+    for (std::size_t b = 0; b < nb; ++b) {
+      CAPTURE(b);
+      CHECK(err_fb[b] == doctest::Approx(l2[b] * (1 - lambda[b])).epsilon(0.1));
+      CHECK(err_plain[b] == doctest::Approx(eq2[b] - l2[b]).epsilon(0.1)); // the variance
+      CHECK(err_fb[b] < l2[b]);
+      above += err_plain[b] > l2[b];
+    }
+    if (levels == 2) CHECK(above > 0); // few levels, large buckets: the unbiased form expands
+  }
+}
+
+TEST_CASE("qsgd feedback form: family checks") {
+  common_checks(cz::qsgd<float>{.block = 32, .rule = {.levels = 5, .unbiased = false}});
+  common_checks(cz::qsgd<float>{.block = 48, .rule = {.levels = 64, .unbiased = false}});
+}

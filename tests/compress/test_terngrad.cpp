@@ -48,3 +48,62 @@ TEST_CASE("terngrad: code 3 is rejected") {
 
 TEST_CASE("terngrad: family checks") { common_checks(cz::terngrad<float>{.block = 32}); }
 TEST_CASE("terngrad: family checks, default block") { common_checks(cz::terngrad<float>{}); }
+
+// The feedback form (rule.unbiased = false, what error feedback runs): the
+// same codes from the same noise, each block's scale ||x||^2 / ||x||_1
+// instead of max|x|, and a contraction E||x - C(x)||^2 = ||x||^2 (1 -
+// ||x||^2 / (s ||x||_1)) where the unbiased form's error, s ||x||_1 -
+// ||x||^2, exceeds ||x||^2.
+TEST_CASE("terngrad feedback form: same codes, scale ||x||^2 / ||x||_1, a contraction") {
+  const std::size_t n = 1000, block = 128, nb = (n + block - 1) / block;
+  const auto x = gradient_like(n, 31);
+  const cz::terngrad<float> plain{.block = block};
+  const cz::terngrad<float> fb{.block = block, .rule = {.unbiased = false}};
+  cz::stream_state s1{.seed = 4, .step = 9, .rank = 1}, s2 = s1;
+  const auto p1 = cz::encode_to_vector(plain, std::span<const float>(x), s1);
+  const auto p2 = cz::encode_to_vector(fb, std::span<const float>(x), s2);
+  REQUIRE(p1.size() == p2.size());
+  CHECK(std::equal(p1.begin() + static_cast<std::ptrdiff_t>(codes_at(n, block)), p1.end(),
+                   p2.begin() + static_cast<std::ptrdiff_t>(codes_at(n, block))));
+  std::vector<double> l1(nb, 0.0), l2(nb, 0.0);
+  for (std::size_t i = 0; i < n; ++i) {
+    l1[i / block] += std::fabs(x[i]);
+    l2[i / block] += static_cast<double>(x[i]) * x[i];
+  }
+  const auto amax = block_absmax(x, block);
+  for (std::size_t b = 0; b < nb; ++b) {
+    CAPTURE(b);
+    const double want = l2[b] / l1[b];
+    const float got = cz::wire::load<float>(p2.data() + scale_at(b));
+    CHECK(got == doctest::Approx(want).epsilon(2e-5)); // the uniforms' 2^-24 grid moves it by less
+    CHECK(got <= amax[b]);
+    CHECK(cz::wire::load<float>(p1.data() + scale_at(b)) == amax[b]);
+  }
+
+  // Mean squared error over many draws, per block, against the closed forms.
+  const int draws = 3000;
+  std::vector<double> err_fb(nb, 0.0), err_plain(nb, 0.0);
+  cz::stream_state a{.seed = 77}, c = a;
+  for (int d = 0; d < draws; ++d) {
+    const auto y = roundtrip(fb, x, a);
+    const auto z = roundtrip(plain, x, c);
+    for (std::size_t i = 0; i < n; ++i) {
+      err_fb[i / block] += (x[i] - static_cast<double>(y[i])) * (x[i] - static_cast<double>(y[i])) / draws;
+      err_plain[i / block] += (x[i] - static_cast<double>(z[i])) * (x[i] - static_cast<double>(z[i])) / draws;
+    }
+  }
+  int above = 0;
+  for (std::size_t b = 0; b < nb; ++b) {
+    CAPTURE(b);
+    const double s = amax[b];
+    CHECK(err_fb[b] == doctest::Approx(l2[b] * (1 - l2[b] / (s * l1[b]))).epsilon(0.1));
+    CHECK(err_plain[b] == doctest::Approx(s * l1[b] - l2[b]).epsilon(0.1));
+    CHECK(err_fb[b] < l2[b]);
+    above += err_plain[b] > l2[b];
+  }
+  CHECK(above > 0); // the unbiased form is no contraction on these blocks
+}
+
+TEST_CASE("terngrad feedback form: family checks") {
+  common_checks(cz::terngrad<float>{.block = 32, .rule = {.unbiased = false}});
+}

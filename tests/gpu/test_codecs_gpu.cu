@@ -560,6 +560,15 @@ void run_tests() {
   check_sizes("terngrad<half> block 4096", gc::terngrad<half>{.block = 4096});
   check_sizes("qsgd<float> s=7", gc::qsgd<float>{}, set_code(0x08, gc::qsgd<float>{}.block));
   check_sizes("qsgd<float> s=100", gc::qsgd<float>{.block = 2048, .rule = {.levels = 100}});
+  // Feedback forms (unbiased = false: scale from the level moments; the
+  // unaligned blocks take the code pass that reads the divisors back).
+  check_sizes("terngrad<float> feedback form", gc::terngrad<float>{.rule = {.unbiased = false}});
+  check_sizes("terngrad<half> block 7 (unaligned) feedback form", gc::terngrad<half>{.block = 7, .rule = {.unbiased = false}});
+  check_sizes("qsgd<float> s=7 feedback form", gc::qsgd<float>{.rule = {.unbiased = false}});
+  check_sizes("qsgd<float> s=3 block 129 (unaligned) feedback form",
+              gc::qsgd<float>{.block = 129, .rule = {.levels = 3, .unbiased = false}});
+  check_sizes("qsgd<bfloat16> s=100 block 40 feedback form",
+              gc::qsgd<bfloat16>{.block = 40, .rule = {.levels = 100, .unbiased = false}});
   check_sizes("topk<float> k=1000", gc::topk<float>{.k = 1000}, unsort(8));
   check_sizes("topk<double> k=37", gc::topk<double>{.k = 37});
   check_sizes("topk<half> k=5000", gc::topk<half>{.k = 5000});
@@ -616,6 +625,8 @@ void run_tests() {
     compare(gc::int8<float>{}, "int8");
     compare(gc::sign<float>{}, "sign");
     compare(gc::qsgd<float>{}, "qsgd");
+    compare(gc::qsgd<float>{.rule = {.unbiased = false}}, "qsgd feedback form");
+    compare(gc::terngrad<float>{.rule = {.unbiased = false}}, "terngrad feedback form");
     compare(gc::topk<float>{.k = 10}, "topk");
     compare(gc::randomk<float>{.k = 100}, "randomk");
     compare(gc::randomk<float>{.k = 100, .unbiased = false}, "randomk unbiased=false");

@@ -7,6 +7,7 @@
 #include <gradsync/collectives.hpp>
 #include <gradsync/transport/shm.hpp>
 
+#include "spawn.hpp"
 #include "trace_calls.hpp"
 
 #include <poll.h>
@@ -37,120 +38,17 @@ using gradsync::error;
 using gradsync::shm::communicator;
 using namespace std::chrono_literals;
 
-static_assert(gradsync::transport<communicator>);
+using gradsync::test::outcome;
+using gradsync::test::segment_gone;
+using gradsync::test::spawn;
 
-// What one forked rank did.
-struct outcome {
-  bool exited = false; // exited normally (else killed, or hung and killed)
-  int code = -1;       // exit code: 0 ok, 1 exception
-  int signal = 0;
-  bool hung = false;
-  std::string segment; // its segment's /dev/shm name
-  std::string message; // the exception text, if any
-};
+static_assert(gradsync::transport<communicator>);
 
 // A failed expectation inside a rank (doctest's macros only work in the parent).
 void expect(bool ok, const std::string& what) {
   if (!ok) throw std::runtime_error("expectation failed: " + what);
 }
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-// Runs fn(comm) on `p` forked ranks that rendezvous in a fresh directory; kills
-// them all if they have not finished within `limit`. The directory must be
-// empty afterwards (the rendezvous file is removed once all ranks attached).
-std::vector<outcome> spawn(int p, const std::function<void(communicator&)>& fn,
-                           std::chrono::milliseconds limit = 40s,
-                           const std::function<void(const fs::path&)>& prepare = nullptr) {
-  char tmpl[] = "/tmp/gradsync-shm-test-XXXXXX";
-  REQUIRE(::mkdtemp(tmpl) != nullptr);
-  const fs::path dir = tmpl;
-  if (prepare) prepare(dir);
-  std::fflush(nullptr);
-  std::vector<pid_t> pids;
-  std::vector<int> fds;
-  for (int r = 0; r < p; ++r) {
-    int fd[2];
-    REQUIRE(::pipe(fd) == 0);
-    const pid_t pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      for (int sig : {SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL}) std::signal(sig, SIG_DFL); // not doctest's
-      ::close(fd[0]);
-      std::string out;
-      int code = 0;
-      auto say = [&](const std::string& s) {
-        for (std::size_t off = 0; off < s.size();) {
-          const ssize_t n = ::write(fd[1], s.data() + off, s.size() - off);
-          if (n <= 0) break;
-          off += static_cast<std::size_t>(n);
-        }
-      };
-      try {
-        communicator c(dir, r, p);
-        say(c.segment_name() + "\n");
-        fn(c);
-      } catch (const error& e) { // its kind too, for tests to check
-        out = std::string("[kind: ") + gradsync::errc_name(e.kind()) + "] " + e.what();
-        code = 1;
-      } catch (const std::exception& e) {
-        out = e.what();
-        code = 1;
-      }
-      say(out);
-      ::_exit(code);
-    }
-    ::close(fd[1]);
-    pids.push_back(pid);
-    fds.push_back(fd[0]);
-  }
-  std::vector<outcome> res(static_cast<std::size_t>(p));
-  std::vector<bool> done(static_cast<std::size_t>(p), false);
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  for (int left = p; left > 0;) {
-    for (std::size_t r = 0; r < pids.size(); ++r) {
-      if (done[r]) continue;
-      int st = 0;
-      if (::waitpid(pids[r], &st, WNOHANG) == pids[r]) {
-        done[r] = true;
-        --left;
-        res[r].exited = WIFEXITED(st);
-        res[r].code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-        res[r].signal = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
-      }
-    }
-    if (left == 0) break;
-    if (std::chrono::steady_clock::now() > deadline) {
-      for (std::size_t r = 0; r < pids.size(); ++r)
-        if (!done[r]) {
-          ::kill(pids[r], SIGKILL);
-          ::waitpid(pids[r], nullptr, 0);
-          res[r].hung = true;
-          done[r] = true;
-        }
-      break;
-    }
-    std::this_thread::sleep_for(1ms);
-  }
-  for (std::size_t r = 0; r < fds.size(); ++r) {
-    std::string all;
-    char buf[4096];
-    for (ssize_t n; (n = ::read(fds[r], buf, sizeof buf)) > 0;) all.append(buf, static_cast<std::size_t>(n));
-    ::close(fds[r]);
-    const auto nl = all.find('\n');
-    if (nl != std::string::npos && all.rfind("/gradsync-", 0) == 0) {
-      res[r].segment = all.substr(0, nl);
-      res[r].message = all.substr(nl + 1);
-    } else {
-      res[r].message = all;
-    }
-  }
-  CHECK_MESSAGE(fs::is_empty(dir), "rendezvous directory not cleaned up");
-  std::error_code ec;
-  fs::remove_all(dir, ec);
-  return res;
-}
-
-bool segment_gone(const std::string& name) { return !name.empty() && !fs::exists("/dev/shm" + name); }
 
 // Every rank finished cleanly and its segment left no trace.
 void check_all_ok(const std::vector<outcome>& res) {
@@ -858,6 +756,7 @@ struct own_ways {
   void arena_await(int k, std::uint64_t v, const char* op) { c.arena_await(k, v, op); }
   std::uint64_t& arena_epoch() { return c.arena_epoch(); }
   std::atomic<std::uint64_t>& arena_signature(int q, int h) const { return c.arena_signature(q, h); }
+  std::byte* arena_note(int q, int h) const { return c.arena_note(q, h); }
   static void arena_copy(std::byte* d, const std::byte* s, std::size_t n) { communicator::arena_copy(d, s, n); }
   gradsync::detail::timed_choice& arena_stores() { return tc; }
   void abort(const std::string& why) { c.abort(why); }

@@ -53,14 +53,15 @@ constexpr bool parse_algorithm(std::string_view s, algorithm& out) {
   return false;
 }
 
-/// Whether a collective first checks that every rank makes the same call
+/// Whether a collective checks that every rank makes the same call
 /// (algo/verify.hpp: collective, count, dtype, op, root, algorithm, codec,
-/// sequence number), so that ranks that disagree all fail with one
-/// errc::mismatch error instead of returning wrong values or timing out.
+/// segment size, sequence number), so that ranks that disagree all fail with
+/// one errc::mismatch error instead of returning wrong values or timing out.
+/// Where the check travels: detail::check_path_of (collectives.hpp).
 enum class verification {
-  automatic, ///< payloads of at least policy::verify_min_bytes; every call under GRADSYNC_DEBUG=1
-  always,    ///< every call (costs one round of ceil(log2 p) small messages)
-  never,     ///< no check
+  automatic, ///< every call (the default): in band where the schedule allows it
+  always,    ///< every call (the same as automatic)
+  never,     ///< no check (a caller that has checked the call itself)
 };
 
 /// Options of every collective (Gloo style: one struct, defaults that work).

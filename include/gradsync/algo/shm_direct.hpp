@@ -94,6 +94,7 @@
 #include "../core/timed_choice.hpp"
 #include "../exec/host.hpp"
 #include "../transport/capabilities.hpp"
+#include "verify.hpp"
 
 namespace gradsync::algo::shm_direct {
 
@@ -132,33 +133,74 @@ inline std::string describe(std::uint64_t sig) {
          ((sig & on_shared) ? " on shared buffers" : " on private buffers");
 }
 
+// The fingerprint (algo/verify.hpp) the running call checks in band, if
+// the collective that called us asked for that (detail::run_call), else null.
+template <shared_arena C> const call_fingerprint* inband_of(C& c) {
+  if constexpr (recorded<C>) return c.calls().inband();
+  else return nullptr;
+}
+
+// The signature a round publishes: the packed description of the call,
+// folded with the call's fingerprint hash when there is one (so the round
+// also checks algorithm, root, codec, segment size and sequence number).
+inline std::uint64_t signed_as(const call_fingerprint* f, std::uint64_t sig) {
+  return f ? gradsync::detail::fnv1a(f->hash(), sig) : sig;
+}
+
 // Every rank must run the same call: otherwise fail every rank now (the
-// arena rounds would no longer line up).
-template <shared_arena C> void check_signatures(C& c, int h, std::uint64_t mine) {
-  for (int q = 0; q < c.size(); ++q) {
-    const std::uint64_t theirs = c.arena_signature(q, h).load(std::memory_order_relaxed);
-    if (theirs == mine) continue;
-    const std::string why = "ranks disagree on the call: rank " + std::to_string(c.rank()) + " has " +
-                            describe(mine) + ", rank " + std::to_string(q) + " has " + describe(theirs);
-    c.abort(why);
-    throw error(call_name(mine >> 60), c.rank(), q, why);
+// arena rounds would no longer line up). Every rank reads every signature
+// after the same `copied`, so all of them see a mismatch. When every rank
+// published its fingerprint (note byte 40 set), every rank raises the same
+// errc::mismatch (algo/verify.hpp's description of all of them) and none
+// needs to abort the others; else the first odd rank is named and the
+// group aborted.
+template <shared_arena C> void check_signatures(C& c, int h, std::uint64_t mine, const char* name) {
+  const int p = c.size();
+  int odd = -1;
+  for (int q = 0; q < p && odd < 0; ++q)
+    if (c.arena_signature(q, h).load(std::memory_order_relaxed) != mine) odd = q;
+  if (odd < 0) return;
+  std::vector<call_fingerprint> all;
+  for (int q = 0; q < p; ++q) {
+    const std::byte* note = c.arena_note(q, h);
+    if (note[call_fingerprint::wire_bytes] != std::byte{1}) break;
+    all.push_back(call_fingerprint::read(note));
   }
+  const bool described = static_cast<int>(all.size()) == p &&
+      std::any_of(all.begin(), all.end(), [&](const call_fingerprint& f) { return f.hash() != all[0].hash(); });
+  if (described) throw error(errc::mismatch, name, c.rank(), -1, algo::verify::describe(all));
+  const std::uint64_t theirs = c.arena_signature(odd, h).load(std::memory_order_relaxed);
+  const std::string why = "ranks disagree on the call: rank " + std::to_string(c.rank()) + " has " +
+                          describe(mine) + ", rank " + std::to_string(odd) + " has " + describe(theirs);
+  c.abort(why);
+  throw error(call_name(mine >> 60), c.rank(), odd, why);
 }
 
 // One arena round shared by every collective here: waits until half e%2 is
-// free again, publishes the call's signature, runs `stage_in` (writes this
-// rank's arena), then publishes `copied` and waits for every rank's.
+// free again, publishes the call's signature (and fingerprint `f`, if any),
+// runs `stage_in` (writes this rank's arena), then publishes `copied` and
+// waits for every rank's.
 template <shared_arena C, class StageIn>
-void open_round(C& c, std::uint64_t e, std::uint64_t sig, const char* name, StageIn stage_in) {
+void open_round(C& c, std::uint64_t e, std::uint64_t sig, const char* name, StageIn stage_in,
+                const call_fingerprint* f) {
   if (e > 2) c.arena_await(drained, e - 2, name);
-  c.arena_signature(c.rank(), static_cast<int>(e & 1)).store(sig, std::memory_order_relaxed);
+  const int h = static_cast<int>(e & 1);
+  std::byte* note = c.arena_note(c.rank(), h);
+  if (f) f->write(note);
+  note[call_fingerprint::wire_bytes] = f ? std::byte{1} : std::byte{0};
+  const std::uint64_t signed_sig = signed_as(f, sig);
+  c.arena_signature(c.rank(), h).store(signed_sig, std::memory_order_relaxed);
   {
     const scoped_phase phase(trace_of(c), "stage", "transport");
     stage_in();
   }
   c.arena_post(copied, e);
   c.arena_await(copied, e, name);
-  check_signatures(c, static_cast<int>(e & 1), sig);
+  check_signatures(c, h, signed_sig, name);
+}
+template <shared_arena C, class StageIn>
+void open_round(C& c, std::uint64_t e, std::uint64_t sig, const char* name, StageIn stage_in) {
+  open_round(c, e, sig, name, stage_in, inband_of(c));
 }
 
 // Copies n elements with the transport's streaming copy if `stream`, else
@@ -509,6 +551,19 @@ void allreduce_shared(C& c, const T* in, std::size_t count, Op op, std::uint64_t
 }
 
 } // namespace detail
+
+/// Call agreement through the arena (see algo/verify.hpp): one round in
+/// which every rank publishes fingerprint `f` and reads every other's, the
+/// synchronisation of a small direct allreduce without its data. Every rank
+/// of `c` must call it (or a direct collective carrying `f` in band, whose
+/// first round meets this one). Throws the same errc::mismatch, raised by
+/// `name`, on every rank when the fingerprints differ.
+template <shared_arena C> void agree(C& c, const call_fingerprint& f, const char* name) {
+  if (c.size() <= 1) return;
+  const std::uint64_t e = ++c.arena_epoch();
+  detail::open_round(c, e, 0, name, [] {}, &f);
+  c.arena_post(detail::drained, e);
+}
 
 /// Allreduce of `count` elements from `in` into `out` (may be equal) through
 /// the arena. Every rank must call it with the same count, type and operator

@@ -77,8 +77,9 @@ struct call_fingerprint {
   std::uint64_t count = 0;  ///< elements (per block for reduce_scatter / allgather)
   std::uint64_t codec = 0;  ///< hash of the compression (gossip: of the topology too), 0: none
   std::uint64_t seq = 0;    ///< this call's number among the communicator's calls on its tag
+  std::uint64_t segment = 0; ///< pipeline segment bytes of the schedule (0: none, or direct)
 
-  static constexpr std::size_t wire_bytes = 32;
+  static constexpr std::size_t wire_bytes = 40;
 
   /// FNV-1a over the wire form (equal fingerprints, equal hashes).
   std::uint64_t hash() const noexcept {
@@ -96,6 +97,7 @@ struct call_fingerprint {
     std::memcpy(w + 8, &count, 8);
     std::memcpy(w + 16, &codec, 8);
     std::memcpy(w + 24, &seq, 8);
+    std::memcpy(w + 32, &segment, 8);
   }
   static call_fingerprint read(const std::byte* w) noexcept {
     call_fingerprint f;
@@ -107,6 +109,7 @@ struct call_fingerprint {
     std::memcpy(&f.count, w + 8, 8);
     std::memcpy(&f.codec, w + 16, 8);
     std::memcpy(&f.seq, w + 24, 8);
+    std::memcpy(&f.segment, w + 32, 8);
     return f;
   }
 };
@@ -142,11 +145,13 @@ inline std::string field_value(const call_fingerprint& f, int field) {
   case 4: return std::to_string(f.root);
   case 5: return std::string(algorithm_name(f.algo));
   case 6: return f.codec == 0 ? "none" : "#" + std::to_string(f.codec);
+  case 7: return std::to_string(f.segment);
   default: return std::to_string(f.seq);
   }
 }
-inline constexpr const char* field_names[] = {"collective", "count", "dtype", "op", "root", "algorithm", "codec",
-                                              "sequence number"};
+inline constexpr int field_count = 9;
+inline constexpr const char* field_names[field_count] = {"collective", "count", "dtype", "op", "root", "algorithm",
+                                                         "codec", "segment size", "sequence number"};
 
 } // namespace detail
 
@@ -169,7 +174,7 @@ inline std::string describe(std::span<const call_fingerprint> all) {
   std::string s = "ranks disagree on the call:";
   bool any = false;
   const bool gossip = std::any_of(all.begin(), all.end(), [](const call_fingerprint& f) { return is_gossip(f.kind); });
-  for (int field = 0; field < 8; ++field) {
+  for (int field = 0; field < detail::field_count; ++field) {
     std::vector<std::pair<std::string, std::vector<int>>> groups; // value -> ranks, first seen first
     for (std::size_t q = 0; q < all.size(); ++q) {
       const std::string v = detail::field_value(all[q], field);

@@ -6,6 +6,18 @@
 // precision. A codec header only supplies a rule: its scale statistic, its
 // GRADSYNC_HD code/fraction functions and which codes are valid.
 //
+// Stochastic rules (terngrad, qsgd) are unbiased by default, and then too
+// noisy for error feedback, which needs a contraction,
+// E||x - C(x)||^2 <= (1 - delta) ||x||^2 with delta > 0. Their `unbiased =
+// false` form (what error feedback runs: codec.hpp's feedback_form) codes
+// exactly as before against the block's statistic s but stores the scale
+// lambda s, lambda = ||x||^2 / E||Q(x)||^2 for the unbiased Q(x) = s
+// fraction(code(x / s)), which minimises E||x - lambda Q(x)||^2 and leaves
+// ||x||^2 (1 - lambda) (feedback_scale). The rule supplies E[code level^2]
+// per element (`moment`, exact in units of 2^-24, the grid of the uniforms)
+// and `max_level()` (fraction = level / max_level); payloads and the decoder
+// are unchanged.
+//
 // Wire (wire.hpp), identical for all of them:
 //   parameters (P = 8): u32 block (1 .. max_block), u16 arg (rule-specific,
 //                       e.g. qsgd levels; 0 otherwise), u8 code bits, u8 zero
@@ -60,6 +72,34 @@ GRADSYNC_HD inline float round_even(float v) {
   constexpr float big = 12582912.0f;
   return (v + big) - big;
 #endif
+}
+
+/// Units of a rule's `moment`: the uniforms are multiples of 2^-24, so every
+/// Bernoulli probability of a code, P(u < p) = ceil(p 2^24) / 2^24, is one.
+inline constexpr float moment_unit_inverse = 16777216.0f; // 2^24
+
+/// The number of the 2^24 uniforms u for which u < p (p in [0, 1]):
+/// 2^24 P(u < p), exact (p 2^24 is a float scaled by a power of two).
+GRADSYNC_HD inline std::uint64_t uniforms_below(float p) {
+  return static_cast<std::uint64_t>(ceilf(p * moment_unit_inverse));
+}
+
+/// The stored block scale of a stochastic rule's feedback form (see the file
+/// comment): s lambda, lambda = ||x||^2 / E||Q(x)||^2, from s (the block's
+/// statistic, what the codes were computed against), squares = sum x^2 and
+/// moments = sum over the block of 2^24 E[level^2], the level being
+/// levels * |fraction| (levels: the rule's max_level(), so E||Q||^2 =
+/// s^2 moments / (levels^2 2^24)). Never
+/// above s (lambda <= 1 up to rounding: E||Q||^2 >= ||E Q||^2 >= ||x||^2);
+/// a zero (all-zero block) or NaN (poisoned) s is kept. Host and device run
+/// this same sequence of double operations.
+GRADSYNC_HD inline float feedback_scale(float s, double squares, std::uint64_t moments, unsigned levels) {
+  if (!(s > 0.0f) || moments == 0) return s;
+  const double lv = static_cast<double>(levels);
+  const double num = squares * (lv * lv * static_cast<double>(moment_unit_inverse)); // exact factor
+  const double den = static_cast<double>(s) * static_cast<double>(moments);
+  const float f = static_cast<float>(num / den);
+  return f < s ? f : s;
 }
 
 /// Checks the (arg, bits) of a rule that has no argument and a fixed width.
@@ -135,11 +175,15 @@ template <class F> decltype(auto) dispatch_bits(unsigned bits, F&& f) {
 #endif
 
 /// The statistic K of one block (host reference; kernels reduce their own way
-/// and may differ in the last bits). NaN when the block is not finite.
-template <scale_kind K, float_element T>
+/// and may differ in the last bits). NaN when the block is not finite. With
+/// Squares (K absmax or l2), also stores sum x^2 in *squares: what the
+/// feedback form of a stochastic rule needs (feedback_scale).
+template <scale_kind K, bool Squares = false, float_element T>
 float block_scale(const T* x, std::size_t len,
-                  gradsync::detail::host_isa isa = gradsync::detail::host_isa::baseline) {
-  if constexpr (K == scale_kind::absmax) {
+                  gradsync::detail::host_isa isa = gradsync::detail::host_isa::baseline,
+                  double* squares = nullptr) {
+  static_assert(!Squares || K != scale_kind::mean_abs, "one sum per pass: |x| or x^2");
+  if constexpr (K == scale_kind::absmax && !Squares) {
     // The max of the |x| bit patterns: for non-negative floats the bits order
     // like the values, and every NaN or Inf pattern is >= 0x7f800000, so one
     // integer max (which vectorises; a float max with a NaN check does not)
@@ -157,18 +201,19 @@ float block_scale(const T* x, std::size_t len,
   // added in a fixed tree: one chain of dependent double adds would cost 4x
   // a memory pass; eight independent lanes vectorise.
   constexpr std::size_t lanes = 8;
+  constexpr bool sq = K != scale_kind::mean_abs; // x^2 (l2, or absmax with Squares), else |x|
   std::uint32_t mv[lanes] = {}; // per-lane max, so the loop body is lane-wise
   double part[lanes] = {};      // l1 or l2^2; cannot overflow: (3.4e38)^2 * 2^24 << DBL_MAX
   auto lane = [&](std::size_t j, T v) {
     const std::uint32_t ab = gradsync::detail::float_bits(to_float(v)) & 0x7fffffffu;
     mv[j] = ab > mv[j] ? ab : mv[j];
     const double a = gradsync::detail::bits_float(ab);
-    part[j] += K == scale_kind::l2 ? a * a : a;
+    part[j] += sq ? a * a : a;
   };
   std::size_t i = 0;
 #if GRADSYNC_HOST_AVX2
   if constexpr (std::is_same_v<T, float>)
-    if (isa == gradsync::detail::host_isa::avx2) i = sum_lanes_avx2(x, len, K == scale_kind::l2, mv, part);
+    if (isa == gradsync::detail::host_isa::avx2) i = sum_lanes_avx2(x, len, sq, mv, part);
 #endif
   (void)isa;
   for (; i + lanes <= len; i += lanes)
@@ -179,6 +224,7 @@ float block_scale(const T* x, std::size_t len,
   const double sum = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
   const bool bad = m >= 0x7f800000u;
   const float amax = gradsync::detail::bits_float(m);
+  if constexpr (Squares) *squares = sum;
   if (bad) return std::numeric_limits<float>::quiet_NaN();
   if constexpr (K == scale_kind::mean_abs) {
     return static_cast<float>(sum / static_cast<double>(len));
@@ -229,16 +275,23 @@ template <unsigned B> inline void pack8(const std::uint8_t* c, std::byte* out, s
 /// Codes of elements [lo, hi) of x (block scale s > 0) into the zeroed
 /// packed stream. Whole bytes are assembled in a register and stored once
 /// (8 / B codes each); only a block's first and last partial byte are ORed.
+/// Returns the sum of rule.moment over the elements for a stochastic rule in
+/// its feedback form (unbiased = false), 0 otherwise.
 template <unsigned B, class Rule, float_element T>
-inline void encode_codes(const Rule& rule, const T* x, std::size_t lo, std::size_t hi, float s,
-                         const philox_stream* noise, std::byte* codes) {
+inline std::uint64_t encode_codes(const Rule& rule, const T* x, std::size_t lo, std::size_t hi, float s,
+                                  const philox_stream* noise, std::byte* codes) {
   if constexpr (Rule::stochastic) { // a Philox call per 4 elements; no vector form
     philox_block rnd{};
     std::uint64_t rnd_at = ~std::uint64_t{0};
+    std::uint64_t moments = 0; // < 2^62: moment <= 127^2 2^24, at most 2^24 elements
+    const bool feedback = !rule.unbiased;
     for (std::size_t i = lo; i < hi; ++i) {
       if ((i >> 2) != rnd_at) rnd = noise->block(rnd_at = i >> 2); // 4 draws per call
-      put_code<B>(codes, i, rule.code(to_float(x[i]) / s, uniform01(rnd.x[i & 3])));
+      const float r = to_float(x[i]) / s;
+      put_code<B>(codes, i, rule.code(r, uniform01(rnd.x[i & 3])));
+      if (feedback) moments += rule.moment(r);
     }
+    return moments;
   } else {
     (void)noise;
     if constexpr (B == 8) {
@@ -262,6 +315,7 @@ inline void encode_codes(const Rule& rule, const T* x, std::size_t lo, std::size
       }
       for (; i < hi; ++i) put_code<B>(codes, i, rule.code(to_float(x[i]) / s, 0.0f));
     }
+    return 0;
   }
 }
 
@@ -271,8 +325,19 @@ inline void encode_blocks(Rule rule, const T* x, std::size_t n, std::size_t bloc
                           const philox_stream* noise, std::byte* scales, std::byte* codes,
                           gradsync::detail::host_isa isa) {
   const std::size_t nb = (n + block - 1) / block;
+  bool feedback = false;
+  if constexpr (Rule::stochastic) feedback = !rule.unbiased;
   for (std::size_t b = 0; b < nb; ++b) {
     const std::size_t lo = b * block, hi = std::min(n, lo + block);
+    if constexpr (Rule::stochastic) {
+      if (feedback) { // codes against s, the scale stored is s lambda (feedback_scale)
+        double squares = 0;
+        const float s = block_scale<Rule::scale, true>(x + lo, hi - lo, isa, &squares);
+        const std::uint64_t moments = s > 0.0f ? encode_codes<B>(rule, x, lo, hi, s, noise, codes) : 0;
+        wire::store<float>(scales + 4 * b, feedback_scale(s, squares, moments, rule.max_level()));
+        continue;
+      }
+    }
     const float s = block_scale<Rule::scale>(x + lo, hi - lo, isa);
     wire::store<float>(scales + 4 * b, s);
     if (s > 0.0f) encode_codes<B>(rule, x, lo, hi, s, noise, codes); // else zero or poisoned: codes stay 0
@@ -464,7 +529,8 @@ template <class Rule, float_element T> struct blockwise {
 
   /// Elements per scale (1 .. max_block).
   std::uint32_t block = Rule::default_block;
-  /// Rule parameters (only qsgd has any: levels).
+  /// Rule parameters (qsgd: levels; terngrad and qsgd: unbiased, false for
+  /// the form error feedback needs).
   Rule rule{};
 
   /// Exact payload size for n elements (the size never depends on the data).

@@ -105,6 +105,19 @@ concept decodes_each = requires(const C c, std::span<const std::byte> payload, s
   c.decode_each(payload, n, sink);
 };
 
+/// Codec c as error feedback must run it. Feedback keeps a residual bounded
+/// only for a contraction, E||x - C(x)||^2 <= (1 - delta) ||x||^2 with
+/// delta > 0 (docs/compression.md); the unbiased stochastic codecs are none
+/// (their variance exceeds ||x||^2), so their `unbiased` switch goes off:
+/// random-k drops the n/k scaling, terngrad and qsgd store the scale that
+/// minimises E||x - C(x)||^2 (blockwise.hpp). Every other codec is returned
+/// as is. The payloads stay decodable by the codec as the receiver holds it.
+template <class C> constexpr C feedback_form(C c) {
+  if constexpr (requires { c.unbiased = false; }) c.unbiased = false;
+  if constexpr (requires { c.rule.unbiased = false; }) c.rule.unbiased = false;
+  return c;
+}
+
 // ---------------------------------------------------------------------------
 // Workspace: one caller-owned byte span, carved into aligned typed pieces.
 

@@ -20,6 +20,11 @@
 // every later one. For half/bfloat16 the corrected value saturates at the
 // largest finite value; the excess stays in the residual.
 //
+// The inner codec must be a contraction for e to stay bounded; the wrapper
+// encodes with feedback_form(inner) (codec.hpp), the biased form of the
+// unbiased stochastic codecs (random-k unscaled, terngrad and qsgd with the
+// error-minimising block scale), whatever their `unbiased` flag says.
+//
 // The payload is the inner codec's own (same id, same wire format): receivers
 // decode with the plain codec. Only the sender needs this wrapper.
 #pragma once
@@ -62,7 +67,7 @@ template <codec C> struct error_feedback {
     }
   };
 
-  /// The wrapped codec and its parameters.
+  /// The wrapped codec and its parameters (encoded in its feedback_form).
   C inner{};
   /// DGC momentum correction factor m in [0, 1); 0 is plain error feedback.
   float momentum = 0.0f;
@@ -104,8 +109,8 @@ template <codec C> struct error_feedback {
       all_finite &= std::isfinite(gi) && std::isfinite(v);
       corrected[i] = narrow<value_type>(saturate(v));
     }
-    const std::size_t bytes =
-        inner.encode(std::span<const value_type>(corrected), st.inner, cur.rest(), out);
+    const C k = feedback_form(inner);
+    const std::size_t bytes = k.encode(std::span<const value_type>(corrected), st.inner, cur.rest(), out);
     if (!all_finite) return bytes; // the step will be skipped: keep e and u as they were
 
     for (accum& d : decoded) d = accum(0);

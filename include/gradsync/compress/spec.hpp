@@ -8,14 +8,15 @@
 //   compress::with_codec<float>(s, n, [&](const auto& codec, auto state) { ... });
 //
 // Names and parameters (defaults in brackets): fp16, bf16, int8[block=256],
-// int4[block=64], sign[block=1024], terngrad[block=1024],
-// qsgd[levels=7,block=512], topk[density=0.01], approx_topk[density=0.01],
+// int4[block=64], sign[block=1024], terngrad[block=256],
+// qsgd[levels=7,block=128], topk[density=0.01], approx_topk[density=0.01],
 // randk[density=0.01], threshold[tau=2.576], powersgd[rank=4,cols=1024].
 // Unknown names, unknown keys and bad values throw gradsync::error (op "codec
 // spec", errc::invalid_argument) naming the spec text.
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -43,10 +44,14 @@
 
 namespace gradsync::compress {
 
+/// Every codec name `with_codec` accepts (tests run each of them).
+inline constexpr std::array<std::string_view, 12> codec_names = {
+    "fp16", "bf16", "int8", "int4", "sign", "terngrad", "qsgd", "topk", "approx_topk", "randk", "threshold", "powersgd"};
+
 /// Every codec name `with_codec` accepts, for help texts.
 inline constexpr const char* spec_help =
-    "fp16, bf16, int8[:block=256], int4[:block=64], sign[:block=1024], terngrad[:block=1024], "
-    "qsgd[:levels=7,block=512], topk[:density=0.01], approx_topk[:density=0.01], "
+    "fp16, bf16, int8[:block=256], int4[:block=64], sign[:block=1024], terngrad[:block=256], "
+    "qsgd[:levels=7,block=128], topk[:density=0.01], approx_topk[:density=0.01], "
     "randk[:density=0.01], threshold[:tau=2.576] (N(0,1) input: 1% pass), powersgd[:rank=4,cols=1024]";
 
 /// How a codec reduces across ranks (which collective schedule carries it).

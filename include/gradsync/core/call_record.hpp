@@ -15,6 +15,8 @@
 
 namespace gradsync {
 
+struct call_fingerprint; // algo/verify.hpp
+
 /// Per-communicator bookkeeping of collective calls (thread-safe). A
 /// transport holding one exposes it as `call_record& calls()` (capability
 /// `recorded`, transport/capabilities.hpp).
@@ -63,11 +65,20 @@ public:
     return failed_;
   }
 
+  /// The fingerprint the running call checks in band: set by the collective
+  /// (detail::run_call) for the length of a call whose schedule publishes it
+  /// in its own first synchronisation (algo/shm_direct.hpp), null otherwise.
+  /// Such calls use the transport's one collective arena, so they run one at
+  /// a time per communicator.
+  const call_fingerprint* inband() const noexcept { return inband_; }
+  void set_inband(const call_fingerprint* f) noexcept { inband_ = f; }
+
 private:
   mutable std::mutex m_;
   std::vector<std::pair<int, std::uint64_t>> seq_;
   std::string failed_;
   std::atomic<bool> any_{false};
+  const call_fingerprint* inband_ = nullptr;
 };
 
 } // namespace gradsync

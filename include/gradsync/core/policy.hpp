@@ -46,13 +46,6 @@ inline constexpr int tag_span = verify_tag_offset + 1;
 /// (a transport may bound tags lower: MPI's MPI_TAG_UB, checked there).
 inline constexpr int max_tag = 0x7fffffff - (tag_span - 1);
 
-/// Payload size from which every collective checks, before moving data,
-/// that all ranks make the same call (algo/verify.hpp; options::verify;
-/// GRADSYNC_DEBUG=1 checks every call). The check is one dissemination
-/// round of 16-byte messages: ceil(log2 p) latencies. Measured on the CI VM
-/// (gradsync-bench allreduce --verify always|never, 2 ranks): see
-/// docs/reliability.md.
-inline constexpr std::size_t verify_min_bytes = std::size_t{256} << 10;
 
 /// Default alpha-beta-gamma model of algo/select.hpp (seconds per message,
 /// per byte sent, per byte reduced), used when no calibrated selector is

@@ -57,8 +57,11 @@ round_report neighbor_allreduce(C& c, E& ex, std::span<T> x, const graph& g, std
     // Shared memory: combine straight from the neighbours' staged copies
     // (algo/shm_direct.hpp), no messages, no scratch. Same combine order.
     round_report rep;
+    // `direct`: the combine's first arena round carries the check in band.
+    call_fingerprint f = detail::round_fingerprint<T>(call_kind::neighbor_allreduce, n, m, step);
+    f.algo = algorithm::direct;
     gradsync::detail::run_call(
-        c, name, detail::round_fingerprint<T>(call_kind::neighbor_allreduce, n, m, step), n * sizeof(T), o.collective, [&] {
+        c, name, f, n * sizeof(T), o.collective, [&] {
           const auto in = m.in(r);
           std::vector<int> peers(in.size());
           for (std::size_t k = 0; k < in.size(); ++k) peers[k] = in[k].peer;

@@ -61,6 +61,7 @@ concept shared_arena = transport<C> && requires(C& c, int q, int k, std::uint64_
   c.arena_await(k, v, "");
   { c.arena_epoch() } -> std::same_as<std::uint64_t&>;
   { c.arena_signature(q, k) } -> std::same_as<std::atomic<std::uint64_t>&>;
+  { c.arena_note(q, k) } -> std::same_as<std::byte*>;
   c.arena_copy(static_cast<std::byte*>(nullptr), static_cast<const std::byte*>(nullptr), std::size_t{0});
   { c.arena_stores() } -> std::same_as<gradsync::detail::timed_choice&>;
   c.abort(std::string());

@@ -10,11 +10,19 @@
 // boundary, the codes go in a second grid-stride pass that reads the scales
 // back. Per-element math: Rule::code / fraction, the host's functions.
 //
+// Feedback form of a stochastic rule (rule.unbiased = false, blockwise.hpp):
+// after the scale s, a second pass over the codec block sums rule.moment of
+// x / s (integers: exact in any order) and thread 0 stores
+// feedback_scale(s, sum x^2, moments), the host's function; the codes are
+// still computed against s, which the unaligned code pass reads from the
+// workspace (the payload holds the stored scales).
+//
 // Determinism: absmax scales and every code are bit-identical to the host.
-// Sum-based scales (sign: mean |x|, qsgd: l2) add in double in CUB's tree
-// order rather than the host's sequential order, so they can differ in the
-// last bit of the double sum; they match bitwise whenever those double sums
-// are exact (e.g. inputs on a 2^-12 grid, as the GPU test uses). Build with
+// Sum-based scales (sign: mean |x|, qsgd: l2, and the sum x^2 of a feedback
+// form) add in double in CUB's tree order rather than the host's lane order,
+// so they can differ in the last bit of the double sum; they match bitwise
+// whenever those double sums are exact (e.g. inputs on a 2^-12 grid, as the
+// GPU test uses). Build with
 // nvcc -fmad=false for bit-identity: nvcc's default contracts a*b-c in the
 // per-element math (qsgd) into an FMA, which rounds once where the host
 // rounds twice.
@@ -119,13 +127,24 @@ struct encode_geometry {
   bool fused; // every codec block ends on a byte boundary
 };
 
+/// Whether `rule` runs in the feedback form (stochastic rules only).
+template <class Rule> GRADSYNC_HD inline bool feedback_form_of(const Rule& rule) {
+  if constexpr (Rule::stochastic) return !rule.unbiased;
+  else return false;
+}
+
+/// `divisors`: where the scales the codes are computed against go when they
+/// differ from the stored ones (feedback form; nb floats), else nullptr.
 template <class Rule, class T, unsigned Threads>
 __global__ void __launch_bounds__(Threads)
     blockwise_encode_kernel(Rule rule, const T* x, encode_geometry g, philox_stream noise,
-                            float* scales, std::uint8_t* codes) {
+                            float* scales, float* divisors, std::uint8_t* codes) {
   using reduce_t = cub::BlockReduce<block_stat, Threads>;
+  using moments_t = cub::BlockReduce<unsigned long long, Threads>;
   __shared__ typename reduce_t::TempStorage temp;
+  __shared__ typename moments_t::TempStorage moments_temp;
   __shared__ float block_scale;
+  const bool feedback = feedback_form_of(rule);
   for (std::size_t b = blockIdx.x; b < g.nb; b += gridDim.x) {
     const std::size_t lo = b * g.block;
     const std::size_t hi = lo + g.block < g.n ? lo + g.block : g.n;
@@ -136,15 +155,28 @@ __global__ void __launch_bounds__(Threads)
       s.bad |= finite(v) ? 0 : 1;
       s.amax = a > s.amax ? a : s.amax;
       if constexpr (Rule::scale == scale_kind::mean_abs) s.sum += static_cast<double>(a);
-      if constexpr (Rule::scale == scale_kind::l2)
+      if (Rule::scale == scale_kind::l2 || feedback) // sum x^2: l2's statistic, the feedback numerator
         s.sum = __dadd_rn(s.sum, __dmul_rn(static_cast<double>(a), static_cast<double>(a)));
     }
     const block_stat total = reduce_t(temp).Reduce(s, combine_stat{});
     if (threadIdx.x == 0) {
       block_scale = finish_scale(Rule::scale, total, hi - lo);
-      scales[b] = block_scale;
+      if (!feedback) scales[b] = block_scale;
     }
     __syncthreads();
+    if constexpr (Rule::stochastic) {
+      if (feedback) { // the stored scale: s lambda (feedback_scale), from the exact level moments
+        const float sc = block_scale;
+        unsigned long long m = 0;
+        if (sc > 0.0f)
+          for (std::size_t i = lo + threadIdx.x; i < hi; i += Threads) m += rule.moment(__fdiv_rn(to_float(x[i]), sc));
+        const unsigned long long moments = moments_t(moments_temp).Sum(m);
+        if (threadIdx.x == 0) {
+          scales[b] = compress::detail::feedback_scale(sc, total.sum, moments, rule.max_level());
+          if (divisors != nullptr) divisors[b] = sc;
+        }
+      }
+    }
     if (g.fused) {
       const float sc = block_scale;
       const std::size_t first = lo * g.bits / 8;
@@ -276,10 +308,12 @@ void blockwise_decode(std::span<const std::byte> payload, std::size_t n, Sink si
 
 } // namespace detail
 
-/// Device workspace of encode for n elements.
+/// Device workspace of encode for n elements (the feedback form of a
+/// stochastic rule also keeps one float per codec block).
 template <class Rule, float_element T>
 std::size_t encode_workspace_bytes(const blockwise<Rule, T>& c, std::size_t n) {
-  return seal_workspace_bytes(c.max_encoded_bytes(n));
+  const std::size_t divisors = detail::feedback_form_of(c.rule) ? workspace_piece<float>((n + c.block - 1) / c.block) : 0;
+  return seal_workspace_bytes(c.max_encoded_bytes(n)) + divisors;
 }
 
 /// Device encode of any blockwise codec; stochastic rules draw from `st`
@@ -312,19 +346,27 @@ std::size_t encode(const blockwise<Rule, T>& c, std::span<const T> in,
   auto* codes = reinterpret_cast<std::uint8_t*>(out.data() + img.size + 4 * nb);
   const detail::encode_geometry g{n, nb, (n * bits + 7) / 8, block, bits,
                                   (std::size_t{block} * bits) % 8 == 0};
+  // The feedback form stores other scales than the codes use: the unaligned
+  // code pass reads those from the workspace, after seal()'s share.
+  float* divisors = nullptr;
+  if (detail::feedback_form_of(c.rule) && !g.fused && nb > 0) {
+    workspace_cursor cur(ws.subspan(seal_workspace_bytes(c.max_encoded_bytes(n))), op);
+    divisors = cur.take<float>(nb).data();
+  }
   if (nb > 0) {
     // Small codec blocks get a warp each, so threads are not left idle.
     if (block <= 64) {
       detail::blockwise_encode_kernel<Rule, T, 32>
-          <<<grid_for(nb, 32, op), 32, 0, stream>>>(c.rule, in.data(), g, noise, scales, codes);
+          <<<grid_for(nb, 32, op), 32, 0, stream>>>(c.rule, in.data(), g, noise, scales, divisors, codes);
     } else {
       constexpr unsigned threads = policy::cuda_block_threads;
       detail::blockwise_encode_kernel<Rule, T, threads>
-          <<<grid_for(nb, threads, op), threads, 0, stream>>>(c.rule, in.data(), g, noise, scales, codes);
+          <<<grid_for(nb, threads, op), threads, 0, stream>>>(c.rule, in.data(), g, noise, scales, divisors, codes);
     }
     check_launch(op);
     if (!g.fused)
-      for_each(g.code_bytes, detail::code_pass_fn<Rule, T>{c.rule, in.data(), g, noise, scales, codes},
+      for_each(g.code_bytes,
+               detail::code_pass_fn<Rule, T>{c.rule, in.data(), g, noise, divisors ? divisors : scales, codes},
                stream, op);
   }
   seal(img, out.data(), nullptr, ws, stream, op);

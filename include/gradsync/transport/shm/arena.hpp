@@ -34,6 +34,7 @@ public:
   std::byte* base(int q) const { return e_->seg().arena(q); }
   std::size_t bytes() const noexcept { return e_->seg().arena_bytes(); }
   std::atomic<std::uint64_t>& signature(int q, int h) const { return e_->seg().actl(q).sig[h]; }
+  std::byte* note(int q, int h) const { return e_->seg().actl(q).note[h]; }
   std::uint64_t& epoch() noexcept { return epoch_; }
   gradsync::detail::timed_choice& stores() noexcept { return stores_; }
 

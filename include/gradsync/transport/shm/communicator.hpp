@@ -280,6 +280,9 @@ public:
   gradsync::detail::timed_choice& arena_stores() noexcept { return arena_.stores(); }
   /// Rank `q`'s description of the call using arena half `h` (0 or 1).
   std::atomic<std::uint64_t>& arena_signature(int q, int h) const { return arena_.signature(q, h); }
+  /// Rank `q`'s note on the call using half `h`: shm::detail::arena_note_bytes
+  /// that only q writes, before it posts `copied` (the call's fingerprint).
+  std::byte* arena_note(int q, int h) const { return arena_.note(q, h); }
   /// Arena rounds this rank has run (the same on every rank between calls).
   std::uint64_t& arena_epoch() noexcept { return arena_.epoch(); }
 

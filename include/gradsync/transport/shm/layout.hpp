@@ -12,7 +12,7 @@
 
 namespace gradsync::shm::detail {
 
-inline constexpr std::uint64_t magic = 0x6772616473796e02ull; // "gradsyn" + layout version 2
+inline constexpr std::uint64_t magic = 0x6772616473796e03ull; // "gradsyn" + layout version 3
 inline constexpr std::size_t cell = 64;          // frame granularity (one cache line)
 inline constexpr std::size_t inline_bytes = 32;  // payload carried inside a header cell
 inline constexpr std::size_t page = 4096;
@@ -82,10 +82,14 @@ struct ring_ctl {
 
 // Progress counters and call signatures of one rank's collective arena.
 inline constexpr int arena_counters = 4;
+inline constexpr std::size_t arena_note_bytes = 64; // a call's fingerprint (algo/verify.hpp) and room to spare
 struct arena_ctl {
   struct alignas(cell) line { a64 v{0}; };
   line counter[arena_counters]; // written by the owner only, monotonic
   alignas(cell) a64 sig[2]{};     // per arena half: what the current call is
+  // Per arena half: the call's full fingerprint when sig is its hash, written
+  // by the owner before it posts `copied` (read by peers after awaiting it).
+  alignas(cell) std::byte note[2][arena_note_bytes]{};
 };
 
 struct layout {
