@@ -16,7 +16,7 @@
 
 namespace gradsync::test {
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 // What one rank saw: nothing, or a gradsync::error (kind, op, reason).
 struct seen {
@@ -26,7 +26,7 @@ struct seen {
 };
 
 // Runs body on p ranks, each catching its own gradsync::error.
-std::vector<seen> run_each(int p, const std::function<void(inproc::communicator&)>& body,
+inline std::vector<seen> run_each(int p, const std::function<void(inproc::communicator&)>& body,
                            std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
   std::vector<seen> out(static_cast<std::size_t>(p));
   inproc::run(p, [&](inproc::communicator& c) {
@@ -41,7 +41,7 @@ std::vector<seen> run_each(int p, const std::function<void(inproc::communicator&
 }
 
 // Every rank raised the same mismatch error from `op`, containing `part`.
-void expect_same_mismatch(const std::vector<seen>& s, const std::string& op, const std::string& part) {
+inline void expect_same_mismatch(const std::vector<seen>& s, const std::string& op, const std::string& part) {
   for (std::size_t q = 0; q < s.size(); ++q) {
     INFO("rank " << q << ": " << s[q].op << ": " << s[q].reason);
     REQUIRE(s[q].threw);

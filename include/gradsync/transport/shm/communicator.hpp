@@ -159,16 +159,24 @@ public:
     auto seg = std::make_unique<detail::segment>();
     if (rank == 0) {
       remove_stale(file); // a crashed run's file, and its segment if the creator is gone
-      seg->create(size, detail::ring_bytes_for(size), policy::shm_arena_bytes);
-      const auto tmp = dir / (".gradsync-shm." + seg->name().substr(10) + ".tmp");
-      {
-        std::ofstream f(tmp, std::ios::trunc);
-        f << seg->name() << ' ' << size << ' ' << ::getpid() << '\n';
-        f.close();
-        if (!f) {
-          ::shm_unlink(seg->name().c_str());
-          throw error(errc::internal, "shm.communicator", rank, -1, "cannot write rendezvous file in " + dir.string());
-        }
+      // The name goes into an intent file (.gradsync-shm.<name>.tmp) before
+      // the segment exists; renaming it publishes the segment. A creator
+      // killed in between leaves the intent file, which the next join here
+      // (or a rank that gives up waiting) turns into an unlinked segment.
+      std::filesystem::path tmp;
+      try {
+        seg->create(size, detail::ring_bytes_for(size), policy::shm_arena_bytes, [&](const std::string& nm) {
+          if (!tmp.empty()) std::filesystem::remove(tmp, ec); // a name that was taken
+          tmp = dir / (".gradsync-shm." + nm.substr(10) + ".tmp");
+          std::ofstream f(tmp, std::ios::trunc);
+          f << nm << ' ' << size << ' ' << ::getpid() << '\n';
+          f.close();
+          if (!f)
+            throw error(errc::internal, "shm.communicator", rank, -1, "cannot write rendezvous file in " + dir.string());
+        });
+      } catch (...) { // create unlinked its segment, if any
+        if (!tmp.empty()) std::filesystem::remove(tmp, ec);
+        throw;
       }
       std::filesystem::rename(tmp, file, ec); // atomic publication
       if (ec) {
@@ -407,6 +415,24 @@ private:
     }
     std::error_code ec;
     std::filesystem::remove(file, ec);
+    remove_stale_intents(file.parent_path());
+  }
+  // Intent files (see the constructor) of creators that died before
+  // publishing: their segments are unlinked, then the files go. Intents of
+  // live creators (another group starting here) are left alone.
+  static void remove_stale_intents(const std::filesystem::path& dir) {
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string fn = it->path().filename().string();
+      if (fn.rfind(".gradsync-shm.", 0) != 0 || fn.size() < 4 || fn.substr(fn.size() - 4) != ".tmp") continue;
+      std::ifstream f(it->path());
+      std::string nm;
+      int n = 0, pid = 0;
+      if (!(f >> nm >> n >> pid) || gradsync::detail::process_alive(pid)) continue;
+      if (nm.rfind("/gradsync-", 0) == 0) ::shm_unlink(nm.c_str());
+      std::error_code rm;
+      std::filesystem::remove(it->path(), rm);
+    }
   }
   static void attach_from_file(detail::segment& seg, const std::filesystem::path& file, int rank, int size) {
     const auto deadline = std::chrono::steady_clock::now() + detail::join_timeout(rank);
@@ -435,9 +461,11 @@ private:
           return;
         }
       }
-      if (std::chrono::steady_clock::now() > deadline)
+      if (std::chrono::steady_clock::now() > deadline) {
+        remove_stale_intents(file.parent_path()); // a creator killed before it published
         throw error(kind, "shm.communicator", rank, -1,
                     "rendezvous in " + file.parent_path().string() + " failed: " + why);
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }

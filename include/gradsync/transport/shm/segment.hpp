@@ -59,11 +59,16 @@ public:
   }
 
   /// Creates and initialises a fresh segment for `p` ranks (rank 0).
-  void create(int p, std::size_t ring, std::size_t arena) {
+  /// `before_create(name)` runs before each name is tried (the directory
+  /// rendezvous records its intent there, so that a kill -9 between creating
+  /// the segment and publishing its name leaves a record the next join finds).
+  void create(int p, std::size_t ring, std::size_t arena,
+              const std::function<void(const std::string&)>& before_create = nullptr) {
     const layout l(p, ring, arena);
     int fd = -1;
     for (int attempt = 0; attempt < 16 && fd < 0; ++attempt) {
       name_ = gradsync::detail::random_name("/gradsync-", "shm.create", 0);
+      if (before_create) before_create(name_);
       fd = ::shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
       if (fd < 0 && errno != EEXIST)
         throw error(errc::internal, "shm.create", 0, -1, "shm_open(" + name_ + ") failed: " + sys_error(errno));
