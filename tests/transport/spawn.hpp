@@ -40,10 +40,12 @@ struct outcome {
 
 // Runs fn(comm) on `p` forked ranks that rendezvous in a fresh directory; kills
 // them all if they have not finished within `limit`. The directory must be
-// empty afterwards (the rendezvous file is removed once all ranks attached).
+// empty afterwards (the rendezvous file is removed once all ranks attached),
+// unless `expect_empty` is false: then the caller checks and removes it.
 inline std::vector<outcome> spawn(int p, const std::function<void(shm::communicator&)>& fn,
                                   std::chrono::milliseconds limit = std::chrono::seconds(40),
-                                  const std::function<void(const std::filesystem::path&)>& prepare = nullptr) {
+                                  const std::function<void(const std::filesystem::path&)>& prepare = nullptr,
+                                  bool expect_empty = true) {
   char tmpl[] = "/tmp/gradsync-shm-test-XXXXXX";
   REQUIRE(::mkdtemp(tmpl) != nullptr);
   const std::filesystem::path dir = tmpl;
@@ -127,6 +129,7 @@ inline std::vector<outcome> spawn(int p, const std::function<void(shm::communica
       res[r].message = all;
     }
   }
+  if (!expect_empty) return res; // the caller checks and removes the directory
   CHECK_MESSAGE(std::filesystem::is_empty(dir), "rendezvous directory not cleaned up");
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);

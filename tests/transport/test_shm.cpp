@@ -10,7 +10,9 @@
 #include "spawn.hpp"
 #include "trace_calls.hpp"
 
+#include <fcntl.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -248,6 +250,44 @@ TEST_CASE("shm: a stale rendezvous file of a crashed run is ignored") {
     std::ofstream(dir / "gradsync-shm.rendezvous") << "/gradsync-00000000000000000000000000000000 3 2147483000\n";
   });
   check_all_ok(res);
+}
+
+// A creator killed (kill -9) after creating its segment and before publishing
+// the rendezvous file leaves only its intent file (.gradsync-shm.<name>.tmp,
+// written before the segment exists). The next join in that directory unlinks
+// the segment and removes the file; an intent of a live creator stays.
+TEST_CASE("shm: a segment whose creator died before publishing it is unlinked by the next join") {
+  const std::string dead = "/gradsync-test-intent-dead-" + std::to_string(::getpid());
+  const std::string live = "/gradsync-test-intent-live-" + std::to_string(::getpid());
+  for (const auto& nm : {dead, live}) {
+    const int fd = ::shm_open(nm.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    REQUIRE(fd >= 0);
+    ::close(fd);
+  }
+  // A pid that has exited (reaped) stands for the killed creator.
+  const pid_t gone = ::fork();
+  REQUIRE(gone >= 0);
+  if (gone == 0) ::_exit(0);
+  ::waitpid(gone, nullptr, 0);
+  fs::path dir_seen;
+  auto res = spawn(2, [](communicator& c) {
+    std::vector<float> v(5, static_cast<float>(c.rank()));
+    gradsync::allreduce(c, std::span<float>(v));
+    expect(v[4] == 1.0f, "allreduce after a stale intent");
+  }, 40s, [&](const fs::path& dir) {
+    std::ofstream(dir / (".gradsync-shm." + dead.substr(10) + ".tmp")) << dead << " 2 " << gone << "\n";
+    // (this test process is alive: its intent is another group's, starting)
+    std::ofstream(dir / (".gradsync-shm." + live.substr(10) + ".tmp")) << live << " 2 " << ::getpid() << "\n";
+    dir_seen = dir;
+  }, /*expect_empty=*/false);
+  check_all_ok(res);
+  CHECK(gradsync::test::segment_gone(dead));
+  CHECK(!gradsync::test::segment_gone(live));
+  CHECK(!fs::exists(dir_seen / (".gradsync-shm." + dead.substr(10) + ".tmp")));
+  CHECK(fs::exists(dir_seen / (".gradsync-shm." + live.substr(10) + ".tmp")));
+  ::shm_unlink(live.c_str());
+  std::error_code ec;
+  fs::remove_all(dir_seen, ec);
 }
 
 TEST_CASE("shm: 12 ranks on 2 cores (smaller rings, oversubscribed waits)") {
