@@ -6,7 +6,9 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "quant_common.hpp"
@@ -72,6 +74,26 @@ template <class C> void check_determinism(const C& c) {
   typename C::state r{.seed = 9, .step = 5, .rank = 2}, s{.seed = 10, .step = 5, .rank = 1};
   CHECK(cz::encode_to_vector(c, std::span<const float>(x), r) != pa);
   CHECK(cz::encode_to_vector(c, std::span<const float>(x), s) != pa);
+}
+
+/// Mean squared error per block of `block` elements of codecs `a` and `b`
+/// on x over `draws` round trips, both from state {seed} (the noise streams
+/// advance per draw): {mse of a, mse of b}.
+template <class A, class B>
+std::pair<std::vector<double>, std::vector<double>> block_mse(const A& a, const B& b, const std::vector<float>& x,
+                                                              std::size_t block, int draws, std::uint64_t seed) {
+  const std::size_t nb = (x.size() + block - 1) / block;
+  std::vector<double> ea(nb, 0.0), eb(nb, 0.0);
+  cz::stream_state sa{.seed = seed}, sb = sa;
+  for (int d = 0; d < draws; ++d) {
+    const auto y = roundtrip(a, x, sa);
+    const auto z = roundtrip(b, x, sb);
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      ea[i / block] += (x[i] - static_cast<double>(y[i])) * (x[i] - static_cast<double>(y[i])) / draws;
+      eb[i / block] += (x[i] - static_cast<double>(z[i])) * (x[i] - static_cast<double>(z[i])) / draws;
+    }
+  }
+  return {ea, eb};
 }
 
 } // namespace quant

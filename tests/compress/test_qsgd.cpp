@@ -134,17 +134,7 @@ TEST_CASE("qsgd feedback form: same codes, scale lambda ||x||, a contraction") {
       CHECK(cz::wire::load<float>(p2.data() + scale_at(b)) == doctest::Approx(lambda[b] * norm).epsilon(1e-5));
       CHECK(lambda[b] <= 1.0);
     }
-    const int draws = 2000;
-    std::vector<double> err_fb(nb, 0.0), err_plain(nb, 0.0);
-    cz::stream_state a{.seed = 78}, c = a;
-    for (int d = 0; d < draws; ++d) {
-      const auto y = roundtrip(fb, x, a);
-      const auto z = roundtrip(plain, x, c);
-      for (std::size_t i = 0; i < n; ++i) {
-        err_fb[i / block] += (x[i] - static_cast<double>(y[i])) * (x[i] - static_cast<double>(y[i])) / draws;
-        err_plain[i / block] += (x[i] - static_cast<double>(z[i])) * (x[i] - static_cast<double>(z[i])) / draws;
-      }
-    }
+    const auto [err_fb, err_plain] = block_mse(fb, plain, x, block, 2000, 78);
     int above = 0;
     for (std::size_t b = 0; b < nb; ++b) {
       CAPTURE(b);

@@ -81,17 +81,7 @@ TEST_CASE("terngrad feedback form: same codes, scale ||x||^2 / ||x||_1, a contra
   }
 
   // Mean squared error over many draws, per block, against the closed forms.
-  const int draws = 3000;
-  std::vector<double> err_fb(nb, 0.0), err_plain(nb, 0.0);
-  cz::stream_state a{.seed = 77}, c = a;
-  for (int d = 0; d < draws; ++d) {
-    const auto y = roundtrip(fb, x, a);
-    const auto z = roundtrip(plain, x, c);
-    for (std::size_t i = 0; i < n; ++i) {
-      err_fb[i / block] += (x[i] - static_cast<double>(y[i])) * (x[i] - static_cast<double>(y[i])) / draws;
-      err_plain[i / block] += (x[i] - static_cast<double>(z[i])) * (x[i] - static_cast<double>(z[i])) / draws;
-    }
-  }
+  const auto [err_fb, err_plain] = block_mse(fb, plain, x, block, 3000, 77);
   int above = 0;
   for (std::size_t b = 0; b < nb; ++b) {
     CAPTURE(b);
