@@ -23,6 +23,9 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # What a gradsync release tarball holds: enough to configure it as a subproject.
+# The consumers check that gradsync is found, compiles and works, not how
+# fast: unoptimised builds keep the three of them to seconds of test time.
+CONSUMER_OPT = "-O0"
 RELEASE = ["meson.build", "meson_options.txt", "LICENSE", "include", "cmake"]
 
 
@@ -87,7 +90,7 @@ def meson_wrap(src, tmp, version):
     wrap = tmpl.replace("@VERSION@", version).replace("@SHA256@", digest).replace("@URL@", "file://" + tarball)
     open(os.path.join(proj, "subprojects", "gradsync.wrap"), "w").write(wrap)
     build = os.path.join(tmp, "build")
-    out = sh("meson", "setup", build, proj, "--wrap-mode=nodownload")
+    out = sh("meson", "setup", build, proj, "--wrap-mode=nodownload", "-Dbuildtype=plain")
     if "gradsync" not in out or "Subproject gradsync" not in out:
         sys.exit("build.py: meson did not configure gradsync as a subproject")
     sh("ninja", "-C", build)
@@ -106,7 +109,7 @@ def pkgconfig_make(src, tmp, version):
     if os.path.join(staged, "include") not in cflags:
         sys.exit(f"build.py: --cflags {cflags!r} do not point into the staged install")
     proj = os.path.join(copy_consumers(tmp), "pkgconfig-make")
-    sh("make", "-C", proj, env=env)
+    sh("make", "-C", proj, f"OPT={CONSUMER_OPT}", env=env)
     run_consumer(os.path.join(proj, "consumer"), "pkgconfig-make", version)
 
 
@@ -116,7 +119,8 @@ def cmake(src, tmp, version):
     find(staged, "gradsyncConfigVersion.cmake")
     proj = os.path.join(copy_consumers(tmp), "cmake")
     build = os.path.join(tmp, "build")
-    sh("cmake", "-S", proj, "-B", build, f"-DCMAKE_PREFIX_PATH={staged}", "-DCMAKE_BUILD_TYPE=Release")
+    sh("cmake", "-S", proj, "-B", build, f"-DCMAKE_PREFIX_PATH={staged}", "-DCMAKE_BUILD_TYPE=",
+       f"-DCMAKE_CXX_FLAGS={CONSUMER_OPT}")
     cache = open(os.path.join(build, "CMakeCache.txt")).read()
     if f"gradsync_DIR:PATH={os.path.dirname(cfg)}" not in cache:
         sys.exit("build.py: CMake did not find the staged gradsyncConfig.cmake")

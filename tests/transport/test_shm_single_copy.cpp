@@ -51,6 +51,10 @@ struct outcome {
 void expect(bool ok, const std::string& what) {
   if (!ok) throw std::runtime_error("expectation failed: " + what);
 }
+// Per element in hot loops: the message is only assembled on failure.
+void expect(bool ok, const char* what, const std::string& where) {
+  if (!ok) throw std::runtime_error("expectation failed: " + std::string(what) + where);
+}
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 // Runs fn(comm) on `p` forked ranks meeting in a fresh directory, `env`
@@ -280,21 +284,21 @@ void check_allreduce(communicator& c, std::size_t n) {
   std::vector<float> f(n), fo(n + 1, -7.0f);
   for (std::size_t i = 0; i < n; ++i) f[i] = fin(r, i);
   sd::allreduce(c, f.data(), fo.data(), n, gradsync::op::sum{});
-  expect(took_single_copy(c, f.data(), fo.data()) == single_for(c, n * sizeof(float)), "path taken" + at);
+  expect(took_single_copy(c, f.data(), fo.data()) == single_for(c, n * sizeof(float)), "path taken", at);
   for (std::size_t i = 0; i < n; ++i) {
     float acc = fin(0, i);
     for (int q = 1; q < p; ++q) acc += fin(q, i);
-    expect(std::memcmp(&acc, &fo[i], sizeof acc) == 0, "float sum in rank order" + at);
+    expect(std::memcmp(&acc, &fo[i], sizeof acc) == 0, "float sum in rank order", at);
   }
-  expect(fo[n] == -7.0f, "wrote past the end" + at);
+  expect(fo[n] == -7.0f, "wrote past the end", at);
   std::vector<gradsync::half> h(n);
   for (std::size_t i = 0; i < n; ++i) h[i] = hin(r, i);
   sd::allreduce(c, h.data(), h.data(), n, gradsync::op::sum{});
-  expect(took_single_copy(c, h.data(), h.data()) == single_for(c, n * sizeof(gradsync::half)), "half path" + at);
+  expect(took_single_copy(c, h.data(), h.data()) == single_for(c, n * sizeof(gradsync::half)), "half path", at);
   for (std::size_t i = 0; i < n; ++i) {
     gradsync::half acc = hin(0, i);
     for (int q = 1; q < p; ++q) acc = gradsync::half(static_cast<float>(acc) + static_cast<float>(hin(q, i)));
-    expect(static_cast<float>(acc) == static_cast<float>(h[i]), "half sum rounded after each step" + at);
+    expect(static_cast<float>(acc) == static_cast<float>(h[i]), "half sum rounded after each step", at);
   }
   std::vector<std::int64_t> m(n);
   for (std::size_t i = 0; i < n; ++i) m[i] = iin(r, i);
@@ -302,7 +306,7 @@ void check_allreduce(communicator& c, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) {
     std::int64_t want = iin(0, i);
     for (int q = 1; q < p; ++q) want = std::max(want, iin(q, i));
-    expect(m[i] == want, "int64 max" + at);
+    expect(m[i] == want, "int64 max", at);
   }
   std::vector<double> d(n), dout(n);
   for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<double>(fin(r, i)) * 1e-7;
@@ -311,7 +315,7 @@ void check_allreduce(communicator& c, std::size_t n) {
     double acc = static_cast<double>(fin(0, i)) * 1e-7;
     for (int q = 1; q < p; ++q) acc += static_cast<double>(fin(q, i)) * 1e-7;
     acc /= p;
-    expect(std::memcmp(&acc, &dout[i], sizeof acc) == 0, "double avg" + at);
+    expect(std::memcmp(&acc, &dout[i], sizeof acc) == 0, "double avg", at);
   }
 }
 
@@ -325,7 +329,7 @@ void check_allgather(communicator& c, std::span<std::int64_t> mine, std::span<st
   for (std::size_t i = 0; i < n; ++i) mine[i] = iin(c.rank(), i);
   auto check = [&](const char* what) {
     for (std::size_t q = 0; q < all.size() / std::max<std::size_t>(1, n); ++q)
-      for (std::size_t i = 0; i < n; ++i) expect(all[q * n + i] == iin(static_cast<int>(q), i), what + at);
+      for (std::size_t i = 0; i < n; ++i) expect(all[q * n + i] == iin(static_cast<int>(q), i), what, at);
   };
   std::fill(all.begin(), all.end(), -1);
   sd::allgather(c, mine.data(), all.data(), n);
@@ -345,22 +349,22 @@ void check_scatter_gather(communicator& c, std::size_t n) {
   std::vector<float> in(n * P), out(n);
   for (std::size_t j = 0; j < in.size(); ++j) in[j] = fin(r, j);
   sd::reduce_scatter(c, in.data(), out.data(), n, gradsync::op::sum{});
-  expect(took_single_copy(c, in.data(), out.data()) == single_for(c, in.size() * sizeof(float)), "reduce_scatter path" + at);
+  expect(took_single_copy(c, in.data(), out.data()) == single_for(c, in.size() * sizeof(float)), "reduce_scatter path", at);
   for (std::size_t i = 0; i < n; ++i) {
     float acc = fin(0, R * n + i);
     for (int q = 1; q < p; ++q) acc += fin(q, R * n + i);
-    expect(std::memcmp(&acc, &out[i], sizeof acc) == 0, "reduce_scatter in rank order" + at);
+    expect(std::memcmp(&acc, &out[i], sizeof acc) == 0, "reduce_scatter in rank order", at);
   }
   sd::reduce_scatter(c, in.data(), in.data() + R * n, n, gradsync::op::max{}); // in place
   for (std::size_t i = 0; i < n; ++i) {
     float want = fin(0, R * n + i);
     for (int q = 1; q < p; ++q) want = std::max(want, fin(q, R * n + i));
-    expect(in[R * n + i] == want, "in-place reduce_scatter" + at);
+    expect(in[R * n + i] == want, "in-place reduce_scatter", at);
   }
   std::vector<std::int64_t> mine(n), all(n * P);
   check_allgather(c, std::span(mine), std::span(all), at, [&] {
     expect(took_single_copy(c, mine.data(), all.data()) == single_for(c, all.size() * sizeof(std::int64_t)),
-           "allgather path" + at);
+           "allgather path", at);
   });
 }
 
@@ -478,18 +482,18 @@ void check_shared(communicator& c, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) f[i] = fin(r, i);
   fo[n] = -7.0f;
   sd::allreduce(c, f.data(), fo.data(), n, gradsync::op::sum{});
-  if (p > 1) expect(took_shared(c, ib, ob) == shared, "path taken" + at);
+  if (p > 1) expect(took_shared(c, ib, ob) == shared, "path taken", at);
   for (std::size_t i = 0; i < n; ++i) {
     float acc = fin(0, i);
     for (int q = 1; q < p; ++q) acc += fin(q, i);
-    expect(std::memcmp(&acc, &fo[i], sizeof acc) == 0, "float sum in rank order" + at);
+    expect(std::memcmp(&acc, &fo[i], sizeof acc) == 0, "float sum in rank order", at);
   }
-  expect(fo[n] == -7.0f, "wrote past the end" + at);
+  expect(fo[n] == -7.0f, "wrote past the end", at);
   sd::allreduce(c, f.data(), f.data(), n, gradsync::op::max{}); // in place
   for (std::size_t i = 0; i < n; ++i) {
     float want = fin(0, i);
     for (int q = 1; q < p; ++q) want = std::max(want, fin(q, i));
-    expect(f[i] == want, "in-place float max" + at);
+    expect(f[i] == want, "in-place float max", at);
   }
   // Off the vector path: half (reduced in float) and outputs not 16-byte aligned.
   auto hb = c.alloc_shared((n + 1) * sizeof(gradsync::half));
@@ -499,14 +503,14 @@ void check_shared(communicator& c, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) {
     gradsync::half acc = hin(0, i);
     for (int q = 1; q < p; ++q) acc = gradsync::half(static_cast<float>(acc) + static_cast<float>(hin(q, i)));
-    expect(static_cast<float>(acc) == static_cast<float>(h[i]), "half sum rounded after each step, unaligned" + at);
+    expect(static_cast<float>(acc) == static_cast<float>(h[i]), "half sum rounded after each step, unaligned", at);
   }
   for (std::size_t i = 0; i < n; ++i) f[i] = fin(r, i);
   sd::allreduce(c, f.data(), fo.data() + 1, n - 1, gradsync::op::sum{}); // output 4 bytes into its buffer
   for (std::size_t i = 0; i + 1 < n; ++i) {
     float acc = fin(0, i);
     for (int q = 1; q < p; ++q) acc += fin(q, i);
-    expect(std::memcmp(&acc, &fo[i + 1], sizeof acc) == 0, "float sum into an unaligned output" + at);
+    expect(std::memcmp(&acc, &fo[i + 1], sizeof acc) == 0, "float sum into an unaligned output", at);
   }
   auto db = c.alloc_shared(n * sizeof(double));
   auto d = db.as<double>();
@@ -516,7 +520,7 @@ void check_shared(communicator& c, std::size_t n) {
     double acc = static_cast<double>(fin(0, i)) * 1e-7;
     for (int q = 1; q < p; ++q) acc += static_cast<double>(fin(q, i)) * 1e-7;
     acc /= p;
-    expect(std::memcmp(&acc, &d[i], sizeof acc) == 0, "double avg" + at);
+    expect(std::memcmp(&acc, &d[i], sizeof acc) == 0, "double avg", at);
   }
   // Blocks of about n / p elements.
   const std::size_t b = std::max<std::size_t>(1, n / P);
@@ -524,22 +528,22 @@ void check_shared(communicator& c, std::size_t n) {
   auto in = sb.as<float>(), out = rb.as<float>();
   for (std::size_t j = 0; j < b * P; ++j) in[j] = fin(r, j);
   sd::reduce_scatter(c, in.data(), out.data(), b, gradsync::op::sum{});
-  if (p > 1) expect(took_shared(c, sb, rb) == (p > 1 && b * P * sizeof(float) >= gradsync::policy::shm_shared_min_bytes), "reduce_scatter path" + at);
+  if (p > 1) expect(took_shared(c, sb, rb) == (p > 1 && b * P * sizeof(float) >= gradsync::policy::shm_shared_min_bytes), "reduce_scatter path", at);
   for (std::size_t i = 0; i < b; ++i) {
     float acc = fin(0, R * b + i);
     for (int q = 1; q < p; ++q) acc += fin(q, R * b + i);
-    expect(std::memcmp(&acc, &out[i], sizeof acc) == 0, "reduce_scatter in rank order" + at);
+    expect(std::memcmp(&acc, &out[i], sizeof acc) == 0, "reduce_scatter in rank order", at);
   }
   sd::reduce_scatter(c, in.data(), in.data() + R * b, b, gradsync::op::min{}); // in place
   for (std::size_t i = 0; i < b; ++i) {
     float want = fin(0, R * b + i);
     for (int q = 1; q < p; ++q) want = std::min(want, fin(q, R * b + i));
-    expect(in[R * b + i] == want, "in-place reduce_scatter" + at);
+    expect(in[R * b + i] == want, "in-place reduce_scatter", at);
   }
   auto mb = c.alloc_shared(b * sizeof(std::int64_t)), ab = c.alloc_shared(b * P * sizeof(std::int64_t));
   check_allgather(c, mb.as<std::int64_t>(), ab.as<std::int64_t>(), at, [&] {
     if (p > 1) expect(took_shared(c, mb, ab) == (b * P * sizeof(std::int64_t) >= gradsync::policy::shm_shared_min_bytes),
-                      "allgather path" + at);
+                      "allgather path", at);
   });
 }
 

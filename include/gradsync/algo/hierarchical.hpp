@@ -47,10 +47,15 @@ using partial_op = std::conditional_t<Op::kind == op_kind::avg, op::sum, Op>;
 inline std::size_t allreduce_scratch_elems(std::size_t count, std::size_t elem_bytes,
                                            std::size_t seg_bytes, int group_size, int groups) {
   const auto gs = static_cast<std::size_t>(std::max(1, group_size));
+  std::size_t m = ring::scratch_elems(partition{count, gs}, elem_bytes, seg_bytes, group_size);
+  // Shards hold size(0) or size(0) - 1 elements, and a schedule's scratch is
+  // not monotonic in its count (segments of 257 elements cut at 64 per
+  // segment are 52 long, of 256 elements 64 long): size for both.
   const std::size_t shard = partition{count, gs}.size(0);
-  return std::max({ring::scratch_elems(partition{count, gs}, elem_bytes, seg_bytes, group_size),
-                   tree::reduce_scratch_elems(shard, elem_bytes, seg_bytes, group_size),
-                   any_flat_scratch_elems(shard, elem_bytes, seg_bytes, groups)});
+  for (const std::size_t n : {shard, shard > 0 ? shard - 1 : 0})
+    m = std::max({m, tree::reduce_scratch_elems(n, elem_bytes, seg_bytes, group_size),
+                  any_flat_scratch_elems(n, elem_bytes, seg_bytes, groups)});
+  return m;
 }
 
 /// The three steps, given this rank's group `local` (`shards` = the largest

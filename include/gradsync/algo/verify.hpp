@@ -7,7 +7,9 @@
 // sends its fingerprint to every other, and every rank raises the same
 // errc::mismatch error naming the fields that differ and which ranks hold
 // which value (ranks with wrong counts would otherwise return wrong values
-// or time out one by one).
+// or time out one by one). On a record_board transport (inproc: ranks in one
+// address space) the ranks gather all fingerprints on the board instead and
+// compare them, with no message at all.
 #pragma once
 
 #include <algorithm>
@@ -22,6 +24,7 @@
 #include "../core/error.hpp"
 #include "../core/hash.hpp"
 #include "../core/ops.hpp"
+#include "../transport/capabilities.hpp"
 #include "options.hpp"
 #include "schedule.hpp"
 
@@ -202,6 +205,29 @@ inline std::string describe(std::span<const call_fingerprint> all) {
 template <transport C> void agree(C& c, const call_fingerprint& f, int tag, const char* name) {
   const int p = c.size(), r = c.rank();
   if (p <= 1) return;
+  constexpr std::size_t w = call_fingerprint::wire_bytes;
+  if constexpr (record_board<C>) {
+    // Ranks sharing an address space gather the fingerprints themselves:
+    // every rank sees all of them, so all raise the same error.
+    static_assert(w <= board_record_bytes);
+    std::byte mine[w];
+    f.write(mine);
+    std::byte local[w * 16];
+    std::vector<std::byte> heap;
+    std::byte* all = local;
+    if (p > 16) {
+      heap.resize(w * static_cast<std::size_t>(p));
+      all = heap.data();
+    }
+    c.board_gather(tag, std::span<const std::byte>(mine, w), std::span<std::byte>(all, w * static_cast<std::size_t>(p)),
+                   name);
+    bool same = true;
+    for (int q = 0; q < p && same; ++q) same = std::memcmp(all + w * static_cast<std::size_t>(q), mine, w) == 0;
+    if (same) return;
+    std::vector<call_fingerprint> fs;
+    for (int q = 0; q < p; ++q) fs.push_back(call_fingerprint::read(all + w * static_cast<std::size_t>(q)));
+    throw error(errc::mismatch, name, r, -1, describe(fs));
+  }
   const std::uint64_t h = f.hash();
   std::uint64_t lohi[2] = {h, h};
   for (int d = 1; d < p; d *= 2) {

@@ -89,6 +89,23 @@ concept shared_buffers = shared_arena<C> && requires(const C& c, const void* p, 
   { c.shared_at(q, id, n, n) } -> std::same_as<std::byte*>;
 };
 
+/// A transport whose ranks share one address space and can gather a small
+/// record from every rank without a message: board_gather(tag, mine, all,
+/// name) copies every rank's `mine` (the same size on all, at most
+/// board_record_bytes) into `all` (size() x mine.size() bytes, rank order)
+/// once every rank has made its n-th board_gather on `tag` (its calls on
+/// one tag are numbered like messages). Waits are bounded by the timeout and
+/// woken by abort; a timeout names the ranks that did not arrive. The call
+/// check (algo/verify.hpp) uses it instead of a round of messages.
+template <class C>
+concept record_board = transport<C> && requires(C& c, int tag, std::span<const std::byte> mine,
+                                                std::span<std::byte> all, const char* name) {
+  c.board_gather(tag, mine, all, name);
+};
+
+/// The largest record board_gather carries.
+inline constexpr std::size_t board_record_bytes = 64;
+
 /// A transport on which any rank can call abort(reason), from any thread:
 /// every pending and later operation of every rank of the group fails with
 /// errc::aborted instead of blocking (a blocked wait is woken, not left to

@@ -6,6 +6,7 @@
 // rendezvous), so a send completes only when it has been received.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -20,6 +21,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -82,6 +84,25 @@ inline bool block_until(op_state& s, std::chrono::steady_clock::time_point until
   return true;
 }
 
+// The record board of one tag (communicator::board_gather): two halves used
+// by alternate calls, so a rank that is already in call k + 1 never
+// overwrites a record a slower rank still reads for call k (it cannot reach
+// call k + 2 before every rank has arrived at k + 1, i.e. finished reading k).
+struct board {
+  struct alignas(64) slot {
+    std::byte data[board_record_bytes];
+    std::atomic<std::uint64_t> call{0}; // the owner's last call number on this half
+  };
+  explicit board(int n) {
+    for (auto& h : half) h.slots = std::make_unique<slot[]>(static_cast<std::size_t>(n));
+  }
+  struct half_t {
+    std::unique_ptr<slot[]> slots;
+    alignas(64) std::atomic<std::uint32_t> arrived{0}; // grows by size() per call; wraps
+    std::atomic<std::uint32_t> sleepers{0};
+  } half[2];
+};
+
 } // namespace detail
 
 /// The shared state of one group of in-process ranks.
@@ -119,6 +140,9 @@ public:
       b.sends.clear();
       b.recvs.clear();
     }
+    std::lock_guard g(boards_m_);
+    for (auto& [tag, b] : boards_)
+      for (auto& h : b->half) gradsync::detail::futex_wake(h.arrived, gradsync::detail::futex_scope::process_private);
   }
   bool aborted() const noexcept { return aborted_.load(); }
   bool spin() const noexcept { return spin_; }
@@ -135,7 +159,15 @@ private:
     std::lock_guard g(abort_m_);
     return abort_reason_;
   }
+  detail::board& board_of(int tag) {
+    std::lock_guard g(boards_m_);
+    auto& b = boards_[tag];
+    if (!b) b = std::make_unique<detail::board>(n_);
+    return *b;
+  }
   std::vector<detail::mailbox> boxes_;
+  std::mutex boards_m_;
+  std::unordered_map<int, std::unique_ptr<detail::board>> boards_; // by tag; never erased
   int n_;
   bool spin_ = true;
   std::atomic<long long> timeout_ms_{policy::default_timeout.count()};
@@ -289,7 +321,68 @@ public:
     return post_recv(capacity, peer, tag, true);
   }
 
+  /// Gathers every rank's record `mine` into `all` (rank order) through
+  /// the world's board for `tag`, without a message (see record_board in
+  /// capabilities.hpp): the call check's path on this transport.
+  void board_gather(int tag, std::span<const std::byte> mine, std::span<std::byte> all, const char* name) {
+    const int p = size();
+    GRADSYNC_REQUIRE(mine.size() <= board_record_bytes && all.size() == mine.size() * static_cast<std::size_t>(p),
+                     name, rank_,
+                     "board_gather: a record of " + std::to_string(mine.size()) + " bytes (at most " +
+                         std::to_string(board_record_bytes) + ") into " + std::to_string(all.size()) + " bytes for " +
+                         std::to_string(p) + " ranks");
+    auto& [b, calls] = boards_[tag];
+    if (!b) b = &w_->board_of(tag);
+    const std::uint64_t k = calls++;
+    auto& h = b->half[k & 1];
+    // Arrivals on this half reach (uses so far) x p when this call is complete.
+    const auto target = static_cast<std::uint32_t>((k / 2 + 1) * static_cast<std::uint64_t>(p));
+    auto& mine_slot = h.slots[static_cast<std::size_t>(rank_)];
+    std::memcpy(mine_slot.data, mine.data(), mine.size());
+    mine_slot.call.store(k + 1, std::memory_order_relaxed); // published by the fetch_add
+    if (h.arrived.fetch_add(1) + 1 == target) {
+      if (h.sleepers.load() != 0) gradsync::detail::futex_wake(h.arrived, gradsync::detail::futex_scope::process_private);
+    } else {
+      await_board(h, target, k + 1, tag, name);
+    }
+    for (int q = 0; q < p; ++q)
+      std::memcpy(all.data() + mine.size() * static_cast<std::size_t>(q), h.slots[static_cast<std::size_t>(q)].data,
+                  mine.size());
+  }
+
 private:
+  void await_board(detail::board::half_t& h, std::uint32_t target, std::uint64_t call, int tag, const char* name) {
+    if (w_->spin())
+      for (int i = 0; i < 4000; ++i)
+        if (h.arrived.load(std::memory_order_acquire) == target) return;
+    const auto t = timeout();
+    const auto until = std::chrono::steady_clock::now() + t;
+    h.sleepers.fetch_add(1);
+    struct leave {
+      std::atomic<std::uint32_t>& n;
+      ~leave() { n.fetch_sub(1); }
+    } guard{h.sleepers};
+    for (std::uint32_t v; (v = h.arrived.load()) != target;) {
+      if (w_->aborted()) throw error(errc::aborted, name, rank_, -1, "aborted: " + w_->reason());
+      const auto left = until - std::chrono::steady_clock::now();
+      if (left <= std::chrono::nanoseconds::zero()) {
+        std::string missing;
+        int first = -1;
+        for (int q = 0; q < size(); ++q)
+          if (h.slots[static_cast<std::size_t>(q)].call.load() != call) {
+            missing += (missing.empty() ? "" : ", ") + std::to_string(q);
+            if (first < 0) first = q;
+          }
+        throw error(errc::timeout, name, rank_, first,
+                    "call check (tag " + std::to_string(tag) + "): rank(s) " + missing + " did not make the call; " +
+                        gradsync::detail::timed_out(t));
+      }
+      // Slices: an abort between the check above and the sleep still wakes us.
+      gradsync::detail::futex_wait(h.arrived, v,
+                                   std::min<std::chrono::nanoseconds>(left, std::chrono::milliseconds(50)),
+                                   gradsync::detail::futex_scope::process_private);
+    }
+  }
   request post_recv(std::span<std::byte> data, int peer, int tag, bool upto) {
     const scoped_phase phase(trace(), "recv", "transport", message_args(peer, data.size(), tag));
     check_peer("inproc.recv", peer);
@@ -360,11 +453,12 @@ private:
   bool own_timeout_ = false;
   call_record calls_;
   std::unique_ptr<timeline> trace_;
+  std::unordered_map<int, std::pair<detail::board*, std::uint64_t>> boards_; // tag -> board, gathers made on it
 };
 
 static_assert(transport<communicator>);
 static_assert(upto_receiver<communicator> && abortable<communicator> && timed<communicator> && recorded<communicator> &&
-              traced<communicator>);
+              traced<communicator> && record_board<communicator>);
 static_assert(!node_map<communicator> && !shared_arena<communicator> && !device_memory<communicator> &&
               !stream_ordered<communicator>);
 
