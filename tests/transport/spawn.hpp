@@ -1,5 +1,6 @@
 // Ranks as forked processes over the shared-memory transport, for the shm
-// suites (tests/transport/test_shm.cpp, test_shm_disagreement.cpp): each
+// suites (tests/transport/test_shm.cpp, test_shm_disagreement.cpp,
+// test_shm_single_copy.cpp): each
 // rank runs a function on its own communicator; the parent collects how it
 // ended and what it said, kills ranks that hang, and checks that the
 // rendezvous left nothing behind.
@@ -42,10 +43,13 @@ struct outcome {
 // them all if they have not finished within `limit`. The directory must be
 // empty afterwards (the rendezvous file is removed once all ranks attached),
 // unless `expect_empty` is false: then the caller checks and removes it.
+// `before_join(r)` runs in rank r's process before it joins (e.g. to set its
+// own environment).
 inline std::vector<outcome> spawn(int p, const std::function<void(shm::communicator&)>& fn,
                                   std::chrono::milliseconds limit = std::chrono::seconds(40),
                                   const std::function<void(const std::filesystem::path&)>& prepare = nullptr,
-                                  bool expect_empty = true) {
+                                  bool expect_empty = true,
+                                  const std::function<void(int)>& before_join = nullptr) {
   char tmpl[] = "/tmp/gradsync-shm-test-XXXXXX";
   REQUIRE(::mkdtemp(tmpl) != nullptr);
   const std::filesystem::path dir = tmpl;
@@ -71,6 +75,7 @@ inline std::vector<outcome> spawn(int p, const std::function<void(shm::communica
         }
       };
       try {
+        if (before_join) before_join(r);
         shm::communicator c(dir, r, p);
         say(c.segment_name() + "\n");
         fn(c);

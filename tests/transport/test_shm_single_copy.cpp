@@ -10,6 +10,7 @@
 #include <gradsync/core/cross_memory.hpp>
 #include <gradsync/transport/shm.hpp>
 
+#include "spawn.hpp"
 #include "trace_calls.hpp"
 
 #include <poll.h>
@@ -57,63 +58,34 @@ void expect(bool ok, const char* what, const std::string& where) {
 }
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
-// Runs fn(comm) on `p` forked ranks meeting in a fresh directory, `env`
-// (rank -> value of GRADSYNC_SHM_SINGLE_COPY, or nullptr) set in each child
-// before it joins; kills ranks still running after `limit`.
+// Runs fn(comm) on `p` forked ranks (spawn.hpp) meeting in a fresh
+// directory, `env` (rank -> value of GRADSYNC_SHM_SINGLE_COPY, or nullptr) set
+// in each child before it joins; kills ranks still running after `limit`.
+// `said` is "ok", or "<error kind>|<what>" ("other|..." for other exceptions).
 std::vector<outcome> run_ranks(int p, const std::function<void(communicator&)>& fn,
                                const std::function<const char*(int)>& env = nullptr,
                                std::chrono::milliseconds limit = 60s) {
-  char tmpl[] = "/tmp/gradsync-cma-test-XXXXXX";
-  REQUIRE(::mkdtemp(tmpl) != nullptr);
-  std::fflush(nullptr);
-  std::vector<pid_t> pids;
-  std::vector<int> pipes;
-  for (int r = 0; r < p; ++r) {
-    int fd[2];
-    REQUIRE(::pipe(fd) == 0);
-    const pid_t pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      for (int sig : {SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL}) std::signal(sig, SIG_DFL);
-      ::close(fd[0]);
-      std::string said = "ok";
-      try {
+  fs::path dir;
+  auto ranks = gradsync::test::spawn(
+      p, fn, limit, [&](const fs::path& d) { dir = d; }, /*expect_empty=*/false, [&](int r) {
         if (const char* v = env ? env(r) : nullptr) ::setenv("GRADSYNC_SHM_SINGLE_COPY", v, 1);
-        communicator c(fs::path(tmpl), r, p);
-        fn(c);
-      } catch (const gradsync::error& e) {
-        said = std::string(gradsync::errc_name(e.kind())) + "|" + e.what();
-      } catch (const std::exception& e) {
-        said = std::string("other|") + e.what();
-      }
-      [[maybe_unused]] const ssize_t n = ::write(fd[1], said.data(), said.size());
-      ::_exit(said == "ok" ? 0 : 1);
-    }
-    ::close(fd[1]);
-    pids.push_back(pid);
-    pipes.push_back(fd[0]);
-  }
-  std::vector<outcome> res(static_cast<std::size_t>(p));
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  for (std::size_t r = 0; r < pids.size(); ++r) {
-    int st = 0;
-    while (::waitpid(pids[r], &st, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        ::kill(pids[r], SIGKILL);
-        ::waitpid(pids[r], &st, 0);
-        res[r].hung = true;
-        break;
-      }
-      std::this_thread::sleep_for(1ms);
-    }
-    res[r].code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    res[r].signal = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
-    char buf[2048];
-    for (ssize_t n; (n = ::read(pipes[r], buf, sizeof buf)) > 0;) res[r].said.append(buf, static_cast<std::size_t>(n));
-    ::close(pipes[r]);
-  }
+      });
   std::error_code ec;
-  fs::remove_all(tmpl, ec);
+  fs::remove_all(dir, ec);
+  std::vector<outcome> res;
+  for (const auto& o : ranks) {
+    outcome x;
+    x.hung = o.hung;
+    x.code = o.code;
+    x.signal = o.signal;
+    const std::string kind = "[kind: ";
+    if (o.exited && o.code == 0) x.said = "ok";
+    else if (o.message.rfind(kind, 0) == 0 && o.message.find("] ") != std::string::npos)
+      x.said = o.message.substr(kind.size(), o.message.find("] ") - kind.size()) + "|" +
+               o.message.substr(o.message.find("] ") + 2);
+    else x.said = "other|" + o.message;
+    res.push_back(std::move(x));
+  }
   return res;
 }
 
