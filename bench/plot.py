@@ -9,11 +9,16 @@ Writes into OUTDIR:
       of the same collective and rank count) and the run's memcpy limit
       (algo `limit`) as dashed lines;
   compressed-TRANSPORT-nRANKS.png  compressed allreduce rows (algo z:CODEC):
-      busbw against size per codec beside the dense auto row;
+      busbw against size per codec (always, and where `automatic` decides)
+      beside the dense auto row and MPI's own allreduce of the same run;
   codecs.png  from `compress` rows: encode and decode GB/s per codec at its
       largest size, and payload ratio against relative L2 error;
   fusion-TRANSPORT.png  from `fusion` rows: time per step of each mode
       (per-tensor, grouped, engine) per workload.
+Rows of a file whose name starts with `rig-` ran across bench/netrig.sh's
+1 Gbit/s link: their transport gets the suffix `-rig`, so they are plotted
+apart from the same transport's shared-memory runs (busbw-*-mpi-rig-n2.png,
+compressed-mpi-rig-n2.png: dense, MPI native and each codec from that run).
 Prints the files written. Exit status 2 when no row could be plotted or an
 input is malformed. series() returns what each plot draws (for tests)."""
 import json
@@ -31,9 +36,12 @@ def load(paths):
                 if not line:
                     continue
                 try:
-                    rows.append(json.loads(line))
+                    r = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise ValueError(f"{path}:{n}: not JSON: {e}") from e
+                if os.path.basename(path).startswith("rig-") and isinstance(r, dict) and "transport" in r:
+                    r["transport"] = r["transport"] + "-rig"
+                rows.append(r)
     return rows
 
 
@@ -45,11 +53,16 @@ def _fastest(points):
     return sorted(best.items())
 
 
+def site_of(transport):
+    """"-rig" for rows from the 1 Gbit/s rig (see load), else ""."""
+    return "-rig" if transport.endswith("-rig") else ""
+
+
 def series(rows):
     """What each plot draws: {filename: {"kind": ..., "lines" | "bars" | "points": ...}}."""
     plots = {}
     coll = defaultdict(lambda: defaultdict(list))  # (collective, transport, ranks) -> algo -> [(bytes, busbw)]
-    native = defaultdict(list)  # (collective, ranks) -> [(bytes, busbw)]
+    native = defaultdict(list)  # (collective, ranks, site) -> [(bytes, busbw)]; site "-rig" or ""
     limits = defaultdict(float)  # (collective, transport, ranks) -> memcpy GB/s
     comp = defaultdict(lambda: defaultdict(list))
     for r in rows:
@@ -64,21 +77,23 @@ def series(rows):
             label = "dense, in place" if mode == "never" else r.get("codec", algo[2:]) + (" (automatic)" if mode == "automatic" else "")
             comp[key][label].append((b, bw))
         elif algo == "native":
-            native[(key[0], key[2])].append((b, bw))
+            native[(key[0], key[2], site_of(key[1]))].append((b, bw))
         else:
             coll[key][algo].append((b, bw))
     for key, algos in coll.items():
         c, t, p = key
         lines = {a: _fastest(pts) for a, pts in sorted(algos.items())}
         refs = {}
-        if native.get((c, p)):
-            refs["MPI native"] = _fastest(native[(c, p)])
+        if native.get((c, p, site_of(t))):
+            refs["MPI native"] = _fastest(native[(c, p, site_of(t))])
         plots[f"busbw-{c}-{t}-n{p}.png"] = {"kind": "busbw", "title": f"{c} over {t}, {p} ranks",
                                            "lines": lines, "refs": refs, "memcpy": limits.get(key)}
     for (c, t, p), codecs in comp.items():
         lines = {z: _fastest(pts) for z, pts in sorted(codecs.items())}
         dense = coll.get((c, t, p), {}).get("auto")
         refs = {"dense (auto)": _fastest(dense)} if dense else {}
+        if native.get((c, p, site_of(t))):
+            refs["MPI native"] = _fastest(native[(c, p, site_of(t))])
         plots[f"compressed-{t}-n{p}.png"] = {"kind": "busbw", "title": f"compressed {c} over {t}, {p} ranks",
                                             "lines": lines, "refs": refs, "memcpy": limits.get((c, t, p))}
     codec_rows = [r for r in rows if "codec" in r and "encode_gbs" in r]

@@ -7,6 +7,7 @@ PNG of the expected size. Exits 77 only when matplotlib does not import.
 
 usage: test_plot.py PLOT.py SAMPLE.json"""
 import importlib.util
+import json
 import os
 import struct
 import subprocess
@@ -46,6 +47,28 @@ assert codecs["bars"]["int8"] == (3.0, 5.0) and codecs["points"]["topk:density=0
 assert codecs["memcpy"] == 10.0
 fusion = s["fusion-shm.png"]
 assert fusion["bars"]["resnet50"] == {"per-tensor": 4000.0, "grouped": 1500.0, "engine": 1400.0}
+
+# Rows from the 1 Gbit/s rig (a file named rig-*): plotted on their own, the
+# dense and native lines from the same run, not from the shm-side mpi rows.
+with tempfile.TemporaryDirectory() as d:
+    rig = os.path.join(d, "rig-compressed.json")
+    with open(rig, "w") as f:
+        for algo, mode, codec, b, bw in [("auto", None, None, M, 0.05), ("auto", None, None, G64, 0.06),
+                                         ("native", None, None, M, 0.04), ("native", None, None, G64, 0.055),
+                                         ("z:int8", "always", "int8", M, 0.1), ("z:int8", "always", "int8", G64, 0.2),
+                                         ("z:int8", "automatic", "int8", M, 0.05),
+                                         ("z:int8", "automatic", "int8", G64, 0.19)]:
+            row = {"collective": "allreduce", "transport": "mpi", "ranks": 2, "algo": algo, "bytes": b,
+                   "busbw_gbs": bw}
+            if mode:
+                row.update(mode=mode, codec=codec)
+            f.write(json.dumps(row) + "\n")
+    r = plot.series(plot.load([sample, rig]))
+    assert set(r) == want_files | {"busbw-allreduce-mpi-rig-n2.png", "compressed-mpi-rig-n2.png"}, sorted(r)
+    c = r["compressed-mpi-rig-n2.png"]
+    assert c["lines"] == {"int8": [(M, 0.1), (G64, 0.2)], "int8 (automatic)": [(M, 0.05), (G64, 0.19)]}, c["lines"]
+    assert c["refs"] == {"dense (auto)": [(M, 0.05), (G64, 0.06)], "MPI native": [(M, 0.04), (G64, 0.055)]}, c["refs"]
+    assert r["busbw-allreduce-mpi-n2.png"]["refs"]["MPI native"] == mpi["refs"]["MPI native"]  # not the rig's
 
 with tempfile.TemporaryDirectory() as out:
     r = subprocess.run([sys.executable, plot_py, out, sample], capture_output=True, text=True)

@@ -94,15 +94,19 @@ inline bool verifies(const options& o) { return o.verify != verification::never;
 // Where a call's fingerprint is checked. In band: in the first arena round
 // of a direct schedule on a shared-arena transport, which every rank
 // synchronises on anyway (no extra message). On other calls of such a
-// transport: an arena round of its own. Elsewhere: algo/verify.hpp's
-// dissemination round of messages.
-enum class check_path { none, inband, arena, messages };
+// transport: an arena round of its own. On a record_board transport (ranks
+// in one address space): posted on the board before the schedule, collected
+// after it (algo::verify::checked_on_board; no message, no wait of its own).
+// Elsewhere: algo/verify.hpp's dissemination round of messages.
+enum class check_path { none, inband, arena, board, messages };
 template <transport C> check_path check_path_of(const C& c, const call_fingerprint& f, const options& o) {
   if (!verifies(o) || c.size() <= 1) return check_path::none;
   if constexpr (shared_arena<C> && recorded<C>) {
     // A zero-count direct call runs no round: it checks in its own round,
     // which meets the first round of its peers' calls.
     return f.algo == algorithm::direct && f.count > 0 ? check_path::inband : check_path::arena;
+  } else if constexpr (record_board<C>) {
+    return check_path::board;
   } else {
     return check_path::messages;
   }
@@ -142,7 +146,10 @@ void run_call(C& c, const char* name, call_fingerprint f, std::size_t bytes, con
       if constexpr (shared_arena<C>) algo::shm_direct::agree(c, f, name);
       else algo::verify::agree(c, f, o.tag + policy::verify_tag_offset, name);
     }
-    if constexpr (recorded<C>) {
+    if constexpr (record_board<C>) {
+      if (path == check_path::board) algo::verify::checked_on_board(c, f, o.tag + policy::verify_tag_offset, name, body);
+      else body();
+    } else if constexpr (recorded<C>) {
       // In band: the schedule's first round publishes `f` (cleared after, so
       // that calls it makes of its own do not publish it again).
       struct inband_scope {

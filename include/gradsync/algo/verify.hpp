@@ -156,6 +156,37 @@ inline constexpr int field_count = 9;
 inline constexpr const char* field_names[field_count] = {"collective", "count", "dtype", "op", "root", "algorithm",
                                                          "codec", "segment size", "sequence number"};
 
+// One rank's part of the board check (record_board): its posted
+// fingerprint and, once collected, every rank's.
+template <class C> struct board_check {
+  static constexpr std::size_t w = call_fingerprint::wire_bytes;
+  static_assert(w <= board_record_bytes);
+  C& c;
+  const char* name;
+  std::byte mine[w];
+  std::byte local[w * 16]; // every rank's, up to 16 ranks without allocating
+  std::vector<std::byte> heap;
+  std::byte* all = local;
+  board_ticket ticket;
+
+  board_check(C& comm, const call_fingerprint& f, int tag, const char* op) : c(comm), name(op) {
+    f.write(mine);
+    const auto p = static_cast<std::size_t>(c.size());
+    if (p > 16) {
+      heap.resize(w * p);
+      all = heap.data();
+    }
+    ticket = c.board_post(tag, std::span<const std::byte>(mine, w), name);
+  }
+  bool collect(bool wait) {
+    return c.board_collect(ticket, std::span<std::byte>(all, w * static_cast<std::size_t>(c.size())), wait, name);
+  }
+  // Throws the same errc::mismatch on every rank when the collected
+  // fingerprints differ, after aborting the group where the transport can
+  // (peers blocked in a schedule the disagreement stalls are woken).
+  void raise_if_disagreeing();
+};
+
 } // namespace detail
 
 /// One call in words, for error messages: "allreduce of 100 f32 (sum,
@@ -198,6 +229,18 @@ inline std::string describe(std::span<const call_fingerprint> all) {
   return s;
 }
 
+template <class C> void detail::board_check<C>::raise_if_disagreeing() {
+  const int p = c.size();
+  bool same = true;
+  for (int q = 0; q < p && same; ++q) same = std::memcmp(all + w * static_cast<std::size_t>(q), mine, w) == 0;
+  if (same) return;
+  std::vector<call_fingerprint> fs;
+  for (int q = 0; q < p; ++q) fs.push_back(call_fingerprint::read(all + w * static_cast<std::size_t>(q)));
+  const std::string why = describe(fs);
+  if constexpr (abortable<C>) c.abort("call check: " + why);
+  throw error(errc::mismatch, name, c.rank(), -1, why);
+}
+
 /// Checks that every rank of `c` makes the call `f` (tag `tag`, used by
 /// this check alone); returns when they all do, else throws the same
 /// errc::mismatch error on every rank, raised by `name`. All ranks must
@@ -205,63 +248,84 @@ inline std::string describe(std::span<const call_fingerprint> all) {
 template <transport C> void agree(C& c, const call_fingerprint& f, int tag, const char* name) {
   const int p = c.size(), r = c.rank();
   if (p <= 1) return;
-  constexpr std::size_t w = call_fingerprint::wire_bytes;
   if constexpr (record_board<C>) {
     // Ranks sharing an address space gather the fingerprints themselves:
     // every rank sees all of them, so all raise the same error.
-    static_assert(w <= board_record_bytes);
-    std::byte mine[w];
-    f.write(mine);
-    std::byte local[w * 16];
-    std::vector<std::byte> heap;
-    std::byte* all = local;
-    if (p > 16) {
-      heap.resize(w * static_cast<std::size_t>(p));
-      all = heap.data();
+    detail::board_check<C> b(c, f, tag, name);
+    b.collect(true);
+    b.raise_if_disagreeing();
+    return;
+  } else {
+    const std::uint64_t h = f.hash();
+    std::uint64_t lohi[2] = {h, h};
+    for (int d = 1; d < p; d *= 2) {
+      std::uint64_t out[2] = {lohi[0], lohi[1]}, in[2] = {0, 0};
+      auto rr = c.irecv(std::as_writable_bytes(std::span(in)), mod(r - d, p), tag);
+      auto sr = c.isend(std::as_bytes(std::span(out)), mod(r + d, p), tag);
+      rr.wait();
+      sr.wait();
+      lohi[0] = std::min(lohi[0], in[0]);
+      lohi[1] = std::max(lohi[1], in[1]);
     }
-    c.board_gather(tag, std::span<const std::byte>(mine, w), std::span<std::byte>(all, w * static_cast<std::size_t>(p)),
-                   name);
-    bool same = true;
-    for (int q = 0; q < p && same; ++q) same = std::memcmp(all + w * static_cast<std::size_t>(q), mine, w) == 0;
-    if (same) return;
-    std::vector<call_fingerprint> fs;
-    for (int q = 0; q < p; ++q) fs.push_back(call_fingerprint::read(all + w * static_cast<std::size_t>(q)));
-    throw error(errc::mismatch, name, r, -1, describe(fs));
+    if (lohi[0] == lohi[1]) return;
+    // Every rank saw the same min != max: all learn every fingerprint.
+    std::vector<std::byte> wire(call_fingerprint::wire_bytes * static_cast<std::size_t>(p));
+    f.write(wire.data() + call_fingerprint::wire_bytes * static_cast<std::size_t>(r));
+    using recv_t = decltype(c.irecv(std::span<std::byte>{}, 0, tag));
+    using send_t = decltype(c.isend(std::span<const std::byte>{}, 0, tag));
+    std::vector<recv_t> rs;
+    std::vector<send_t> ss;
+    const std::span<const std::byte> mine(wire.data() + call_fingerprint::wire_bytes * static_cast<std::size_t>(r),
+                                          call_fingerprint::wire_bytes);
+    for (int k = 1; k < p; ++k) {
+      const int q = mod(r - k, p);
+      rs.push_back(c.irecv(std::span(wire.data() + call_fingerprint::wire_bytes * static_cast<std::size_t>(q),
+                                     call_fingerprint::wire_bytes),
+                           q, tag));
+    }
+    for (int k = 1; k < p; ++k) ss.push_back(c.isend(mine, mod(r + k, p), tag));
+    for (auto& x : rs) x.wait();
+    for (auto& x : ss) x.wait();
+    std::vector<call_fingerprint> all;
+    for (int q = 0; q < p; ++q)
+      all.push_back(call_fingerprint::read(wire.data() + call_fingerprint::wire_bytes * static_cast<std::size_t>(q)));
+    throw error(errc::mismatch, name, r, -1, describe(all));
   }
-  const std::uint64_t h = f.hash();
-  std::uint64_t lohi[2] = {h, h};
-  for (int d = 1; d < p; d *= 2) {
-    std::uint64_t out[2] = {lohi[0], lohi[1]}, in[2] = {0, 0};
-    auto rr = c.irecv(std::as_writable_bytes(std::span(in)), mod(r - d, p), tag);
-    auto sr = c.isend(std::as_bytes(std::span(out)), mod(r + d, p), tag);
-    rr.wait();
-    sr.wait();
-    lohi[0] = std::min(lohi[0], in[0]);
-    lohi[1] = std::max(lohi[1], in[1]);
+}
+
+/// Runs `body` (the call's schedule) with the call check on a record_board
+/// transport, in band: the fingerprint is posted before the schedule and
+/// the fingerprints collected after it, whose own messages have by then
+/// brought every rank into the call (a reduction's result depends on every
+/// rank's input; a broadcast's root waits here for the others). The rank
+/// that posts last sees every fingerprint before any data moves, so a
+/// disagreement that would stall the schedule fails it at once: that rank
+/// aborts the group, the others' schedules fail, and every rank raises the
+/// same errc::mismatch. A schedule that fails for another reason keeps its
+/// error unless the fingerprints show a disagreement.
+template <record_board C, class F>
+void checked_on_board(C& c, const call_fingerprint& f, int tag, const char* name, F&& body) {
+  if (c.size() <= 1) return body();
+  detail::board_check<C> b(c, f, tag, name);
+  if (b.ticket.complete) {
+    b.collect(false);
+    b.raise_if_disagreeing();
   }
-  if (lohi[0] == lohi[1]) return;
-  // Every rank saw the same min != max: all learn every fingerprint.
-  std::vector<std::byte> wire(call_fingerprint::wire_bytes * static_cast<std::size_t>(p));
-  f.write(wire.data() + call_fingerprint::wire_bytes * static_cast<std::size_t>(r));
-  using recv_t = decltype(c.irecv(std::span<std::byte>{}, 0, tag));
-  using send_t = decltype(c.isend(std::span<const std::byte>{}, 0, tag));
-  std::vector<recv_t> rs;
-  std::vector<send_t> ss;
-  const std::span<const std::byte> mine(wire.data() + call_fingerprint::wire_bytes * static_cast<std::size_t>(r),
-                                        call_fingerprint::wire_bytes);
-  for (int k = 1; k < p; ++k) {
-    const int q = mod(r - k, p);
-    rs.push_back(c.irecv(std::span(wire.data() + call_fingerprint::wire_bytes * static_cast<std::size_t>(q),
-                                   call_fingerprint::wire_bytes),
-                         q, tag));
+  try {
+    body();
+  } catch (const error& e) {
+    // A timeout has waited its full time already; anything else waits for
+    // the fingerprints (bounded by the timeout) to tell a disagreement apart.
+    bool all = false;
+    try {
+      all = b.collect(e.kind() != errc::timeout);
+    } catch (const error&) {
+    }
+    if (all) b.raise_if_disagreeing();
+    throw;
   }
-  for (int k = 1; k < p; ++k) ss.push_back(c.isend(mine, mod(r + k, p), tag));
-  for (auto& x : rs) x.wait();
-  for (auto& x : ss) x.wait();
-  std::vector<call_fingerprint> all;
-  for (int q = 0; q < p; ++q)
-    all.push_back(call_fingerprint::read(wire.data() + call_fingerprint::wire_bytes * static_cast<std::size_t>(q)));
-  throw error(errc::mismatch, name, r, -1, describe(all));
+  b.collect(true);
+  b.raise_if_disagreeing();
 }
 
 } // namespace algo::verify

@@ -89,22 +89,36 @@ concept shared_buffers = shared_arena<C> && requires(const C& c, const void* p, 
   { c.shared_at(q, id, n, n) } -> std::same_as<std::byte*>;
 };
 
-/// A transport whose ranks share one address space and can gather a small
-/// record from every rank without a message: board_gather(tag, mine, all,
-/// name) copies every rank's `mine` (the same size on all, at most
-/// board_record_bytes) into `all` (size() x mine.size() bytes, rank order)
-/// once every rank has made its n-th board_gather on `tag` (its calls on
-/// one tag are numbered like messages). Waits are bounded by the timeout and
-/// woken by abort; a timeout names the ranks that did not arrive. The call
-/// check (algo/verify.hpp) uses it instead of a round of messages.
-template <class C>
-concept record_board = transport<C> && requires(C& c, int tag, std::span<const std::byte> mine,
-                                                std::span<std::byte> all, const char* name) {
-  c.board_gather(tag, mine, all, name);
+/// A rank's entry in a record board (record_board): which call it was, and
+/// whether every rank had posted when this one did (it arrived last).
+struct board_ticket {
+  void* where = nullptr;   ///< the transport's board slot set
+  std::uint64_t call = 0;  ///< this rank's call number on the tag, from 1
+  std::size_t bytes = 0;   ///< record size
+  int tag = 0;
+  bool complete = false;   ///< all ranks had posted: collect() needs no wait
 };
 
-/// The largest record board_gather carries.
+/// The largest record a board carries.
 inline constexpr std::size_t board_record_bytes = 64;
+
+/// A transport whose ranks share one address space and exchange a small
+/// record per call without a message. board_post(tag, mine, name) publishes
+/// this rank's record (at most board_record_bytes, the same size on every
+/// rank) for its next call on `tag` (calls on one tag are numbered like
+/// messages) and returns at once; board_collect(ticket, all, wait, name)
+/// copies every rank's record of that call into `all` (size() x record
+/// bytes, rank order) and returns true once all have posted, or false at
+/// once when `wait` is false and some have not. A wait is bounded by the
+/// timeout (errc::timeout naming the ranks that did not post) and woken by
+/// abort. The call check (algo/verify.hpp) posts before the schedule and
+/// collects after it: the schedule's own messages are the synchronisation.
+template <class C>
+concept record_board = transport<C> && requires(C& c, int tag, std::span<const std::byte> mine,
+                                                std::span<std::byte> all, const board_ticket& t, const char* name) {
+  { c.board_post(tag, mine, name) } -> std::same_as<board_ticket>;
+  { c.board_collect(t, all, true, name) } -> std::same_as<bool>;
+};
 
 /// A transport on which any rank can call abort(reason), from any thread:
 /// every pending and later operation of every rank of the group fails with

@@ -84,7 +84,7 @@ inline bool block_until(op_state& s, std::chrono::steady_clock::time_point until
   return true;
 }
 
-// The record board of one tag (communicator::board_gather): two halves used
+// The record board of one tag (communicator::board_post): two halves used
 // by alternate calls, so a rank that is already in call k + 1 never
 // overwrites a record a slower rank still reads for call k (it cannot reach
 // call k + 2 before every rank has arrived at k + 1, i.e. finished reading k).
@@ -321,36 +321,48 @@ public:
     return post_recv(capacity, peer, tag, true);
   }
 
-  /// Gathers every rank's record `mine` into `all` (rank order) through
-  /// the world's board for `tag`, without a message (see record_board in
-  /// capabilities.hpp): the call check's path on this transport.
-  void board_gather(int tag, std::span<const std::byte> mine, std::span<std::byte> all, const char* name) {
-    const int p = size();
-    GRADSYNC_REQUIRE(mine.size() <= board_record_bytes && all.size() == mine.size() * static_cast<std::size_t>(p),
-                     name, rank_,
-                     "board_gather: a record of " + std::to_string(mine.size()) + " bytes (at most " +
-                         std::to_string(board_record_bytes) + ") into " + std::to_string(all.size()) + " bytes for " +
-                         std::to_string(p) + " ranks");
+  /// Publishes this rank's record for its next call on `tag` on the
+  /// world's board (record_board in capabilities.hpp); never waits.
+  board_ticket board_post(int tag, std::span<const std::byte> mine, const char* name) {
+    GRADSYNC_REQUIRE(mine.size() <= board_record_bytes, name, rank_,
+                     "board_post: a record of " + std::to_string(mine.size()) + " bytes (at most " +
+                         std::to_string(board_record_bytes) + ")");
     auto& [b, calls] = boards_[tag];
     if (!b) b = &w_->board_of(tag);
     const std::uint64_t k = calls++;
     auto& h = b->half[k & 1];
-    // Arrivals on this half reach (uses so far) x p when this call is complete.
-    const auto target = static_cast<std::uint32_t>((k / 2 + 1) * static_cast<std::uint64_t>(p));
     auto& mine_slot = h.slots[static_cast<std::size_t>(rank_)];
     std::memcpy(mine_slot.data, mine.data(), mine.size());
     mine_slot.call.store(k + 1, std::memory_order_relaxed); // published by the fetch_add
-    if (h.arrived.fetch_add(1) + 1 == target) {
-      if (h.sleepers.load() != 0) gradsync::detail::futex_wake(h.arrived, gradsync::detail::futex_scope::process_private);
-    } else {
-      await_board(h, target, k + 1, tag, name);
+    const bool last = h.arrived.fetch_add(1) + 1 == board_target(k + 1);
+    if (last && h.sleepers.load() != 0)
+      gradsync::detail::futex_wake(h.arrived, gradsync::detail::futex_scope::process_private);
+    return board_ticket{&h, k + 1, mine.size(), tag, last};
+  }
+  /// Copies every rank's record of ticket `t`'s call into `all` (rank
+  /// order); false if some rank has not posted it and `wait` is false.
+  bool board_collect(const board_ticket& t, std::span<std::byte> all, bool wait, const char* name) {
+    GRADSYNC_REQUIRE(t.where != nullptr && all.size() == t.bytes * static_cast<std::size_t>(size()), name, rank_,
+                     "board_collect: " + std::to_string(all.size()) + " bytes for " + std::to_string(size()) +
+                         " records of " + std::to_string(t.bytes));
+    auto& h = *static_cast<detail::board::half_t*>(t.where);
+    const std::uint32_t target = board_target(t.call);
+    if (h.arrived.load(std::memory_order_acquire) != target) {
+      if (!wait) return false;
+      await_board(h, target, t.call, t.tag, name);
     }
-    for (int q = 0; q < p; ++q)
-      std::memcpy(all.data() + mine.size() * static_cast<std::size_t>(q), h.slots[static_cast<std::size_t>(q)].data,
-                  mine.size());
+    for (int q = 0; q < size(); ++q)
+      std::memcpy(all.data() + t.bytes * static_cast<std::size_t>(q), h.slots[static_cast<std::size_t>(q)].data,
+                  t.bytes);
+    return true;
   }
 
 private:
+  // Arrivals on a board half once call `call` (from 1) is complete: the half
+  // has then been used (call + 1) / 2 times by each of the p ranks.
+  std::uint32_t board_target(std::uint64_t call) const noexcept {
+    return static_cast<std::uint32_t>((call + 1) / 2 * static_cast<std::uint64_t>(size()));
+  }
   void await_board(detail::board::half_t& h, std::uint32_t target, std::uint64_t call, int tag, const char* name) {
     if (w_->spin())
       for (int i = 0; i < 4000; ++i)
