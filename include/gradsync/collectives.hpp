@@ -120,7 +120,8 @@ template <transport C> check_path check_path_of(const C& c, const call_fingerpri
 // the kind and peer of the cause and adds the call and the elapsed time.
 // On a traced communicator the call is one phase `name` of the timeline
 // (arguments: the call in words, count, bytes, algorithm, sequence number),
-// the check one phase "verify" inside it (not for the in-band check).
+// the check one phase "verify" inside it (on a record board: its collection
+// after the schedule; none for shm's in-band check).
 template <transport C, class F>
 void run_call(C& c, const char* name, call_fingerprint f, std::size_t bytes, const options& o, F&& body) {
   const int r = c.rank();

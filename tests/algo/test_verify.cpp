@@ -6,8 +6,11 @@
 #include "harness.hpp"
 #include "mismatch.hpp"
 
+#include <gradsync/compressed.hpp>
+
 #include <array>
 #include <climits>
+#include <cmath>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -294,5 +297,39 @@ TEST_CASE("twod and hier with a group_size above the rank count: one group, righ
         for (const auto& x : s) CHECK_MESSAGE(!x.threw, x.reason);
       }
     }
+  }
+}
+
+// A compressed allreduce in automatic mode measures and agrees its codec
+// costs with collectives of its own, inside its checked call. Those nested
+// calls must not post on the record board: a fast rank would otherwise reach
+// the outer call's board half again before a slow one collected it, and the
+// slow one would wait forever (seen in the bench with 3 ranks on 2 cores).
+// Fresh state every call re-measures, so every call nests.
+TEST_CASE("verify: calls nested in a checked call (compressed, automatic) never stall a rank, 2-4 ranks") {
+  for (int p : {2, 3, 4}) {
+    CAPTURE(p);
+    constexpr std::size_t n = 4096;
+    constexpr int calls = 12;
+    std::vector<std::vector<float>> got(static_cast<std::size_t>(p));
+    inproc::run(p, [&](communicator& c) {
+      c.set_timeout(5s);
+      const compression z{.codec = compress::parse_spec("int8"), .mode = compress_mode::automatic};
+      std::vector<float> x(n);
+      for (int k = 0; k < calls; ++k) {
+        for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<float>(c.rank() + 1) + static_cast<float>(i % 7) * 0.125f;
+        compress_state<float> st; // no agreed costs yet: this call measures them
+        compressed_allreduce(c, std::span(x), z, st, op::avg{}, options{.verify = verification::always});
+      }
+      got[static_cast<std::size_t>(c.rank())] = x;
+    });
+    // The exact average is (p + 1) / 2 + (i mod 7) / 8; int8 blocks keep
+    // each value within max/127 of it (max <= p + 1).
+    const float tol = static_cast<float>(p + 1) / 127.0f + 1e-6f;
+    std::size_t far = 0;
+    for (std::size_t i = 0; i < n; ++i)
+      far += std::fabs(got[0][i] - (static_cast<float>(p + 1) / 2 + static_cast<float>(i % 7) * 0.125f)) > tol;
+    CHECK(far == 0);
+    for (int r = 1; r < p; ++r) CHECK(got[static_cast<std::size_t>(r)] == got[0]);
   }
 }

@@ -24,6 +24,7 @@
 #include "../core/error.hpp"
 #include "../core/hash.hpp"
 #include "../core/ops.hpp"
+#include "../core/timeline.hpp"
 #include "../transport/capabilities.hpp"
 #include "options.hpp"
 #include "schedule.hpp"
@@ -155,6 +156,10 @@ inline std::string field_value(const call_fingerprint& f, int field) {
 inline constexpr int field_count = 9;
 inline constexpr const char* field_names[field_count] = {"collective", "count", "dtype", "op", "root", "algorithm",
                                                          "codec", "segment size", "sequence number"};
+
+// The communicator whose call this thread is running under the board check
+// (checked_on_board), or nullptr.
+inline thread_local const void* board_call = nullptr;
 
 // One rank's part of the board check (record_board): its posted
 // fingerprint and, once collected, every rank's.
@@ -305,13 +310,23 @@ template <transport C> void agree(C& c, const call_fingerprint& f, int tag, cons
 /// error unless the fingerprints show a disagreement.
 template <record_board C, class F>
 void checked_on_board(C& c, const call_fingerprint& f, int tag, const char* name, F&& body) {
-  if (c.size() <= 1) return body();
+  // Calls the schedule makes of its own (a compressed allreduce's inner
+  // dense calls, its agreement on codec costs) are covered by this call's
+  // fingerprint and do not post: a nested post would let a fast rank reach
+  // this call's board half again before a slow one has collected it.
+  if (c.size() <= 1 || detail::board_call == &c) return body();
   detail::board_check<C> b(c, f, tag, name);
+  struct outermost {
+    const void* saved = detail::board_call;
+    explicit outermost(const void* comm) { detail::board_call = comm; }
+    ~outermost() { detail::board_call = saved; }
+  };
   if (b.ticket.complete) {
     b.collect(false);
     b.raise_if_disagreeing();
   }
   try {
+    const outermost scope(&c);
     body();
   } catch (const error& e) {
     // A timeout has waited its full time already; anything else waits for
@@ -324,6 +339,7 @@ void checked_on_board(C& c, const call_fingerprint& f, int tag, const char* name
     if (all) b.raise_if_disagreeing();
     throw;
   }
+  const scoped_phase check(trace_of(c), "verify", "call"); // a broadcast's root may wait here
   b.collect(true);
   b.raise_if_disagreeing();
 }

@@ -93,9 +93,10 @@ struct board {
     std::byte data[board_record_bytes];
     std::atomic<std::uint64_t> call{0}; // the owner's last call number on this half
   };
-  explicit board(int n) {
+  explicit board(int n) : posts(std::make_unique<std::uint64_t[]>(static_cast<std::size_t>(n))) {
     for (auto& h : half) h.slots = std::make_unique<slot[]>(static_cast<std::size_t>(n));
   }
+  std::unique_ptr<std::uint64_t[]> posts; // per rank: its posts on this tag (its own thread only)
   struct half_t {
     std::unique_ptr<slot[]> slots;
     alignas(64) std::atomic<std::uint32_t> arrived{0}; // grows by size() per call; wraps
@@ -327,9 +328,16 @@ public:
     GRADSYNC_REQUIRE(mine.size() <= board_record_bytes, name, rank_,
                      "board_post: a record of " + std::to_string(mine.size()) + " bytes (at most " +
                          std::to_string(board_record_bytes) + ")");
-    auto& [b, calls] = boards_[tag];
-    if (!b) b = &w_->board_of(tag);
-    const std::uint64_t k = calls++;
+    detail::board* b;
+    {
+      // Threads of one rank may call on different tags (the fusion engine's
+      // progress thread): the cache is shared, a tag's board is not.
+      std::lock_guard g(boards_m_);
+      auto& cached = boards_[tag];
+      if (!cached) cached = &w_->board_of(tag);
+      b = cached;
+    }
+    const std::uint64_t k = b->posts[static_cast<std::size_t>(rank_)]++;
     auto& h = b->half[k & 1];
     auto& mine_slot = h.slots[static_cast<std::size_t>(rank_)];
     std::memcpy(mine_slot.data, mine.data(), mine.size());
@@ -465,7 +473,8 @@ private:
   bool own_timeout_ = false;
   call_record calls_;
   std::unique_ptr<timeline> trace_;
-  std::unordered_map<int, std::pair<detail::board*, std::uint64_t>> boards_; // tag -> board, gathers made on it
+  std::mutex boards_m_;
+  std::unordered_map<int, detail::board*> boards_; // tag -> the world's board (a cache)
 };
 
 static_assert(transport<communicator>);
