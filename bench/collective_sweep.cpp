@@ -136,11 +136,11 @@ prediction predict(const C& c, coll k, const algo_choice& a, const options& o, c
   }
   case coll::broadcast: {
     const algorithm x = broadcast_algorithm<T>(c, s.in_n, o);
-    return row(x, m.rooted(x, s.bytes, c.size(), false, seg)); // ring: the pipelined chain
+    return row(x, m.rooted(x, s.bytes, topology_of(c, o), false, seg)); // ring: the pipelined chain
   }
   case coll::reduce: {
     const algorithm x = reduce_algorithm<T>(c, s.in_n, o);
-    return row(x, m.rooted(x, s.bytes, c.size(), true, seg));
+    return row(x, m.rooted(x, s.bytes, topology_of(c, o), true, seg));
   }
   // s.bytes is the whole input (reduce_scatter) or output (allgather), as the model takes it.
   case coll::reduce_scatter: {

@@ -6,7 +6,8 @@
 # over shm also on shared buffers (alloc_shared); gradsync vs MPI's other
 # collectives; compressed allreduce (shm, and over a 1 Gbit/s link between
 # network namespaces when run as root: bench/netrig.sh); tensor fusion; the
-# codecs; last, bench/auto_check.py's tables (per size, auto
+# codecs; a cliff sweep over shm (bench/cliff_check.py: busbw drops > 30 %
+# between sizes or runs, 1-256 MiB); last, bench/auto_check.py's tables (per size, auto
 # against the best fixed algorithm) and bench/versus.py's (ring and shm
 # against MPI's own allreduce, busbw against the memcpy limit); bench/plot.py's
 # PNGs of all of it.
@@ -29,6 +30,7 @@ run "$bench" "${inproc8[@]}" -b 8 -e 256K -f 8 --json "$out/inproc8-allreduce-sm
 run "$bench" "${inproc8[@]}" -b 1M -e 16M -f 4 -n 10 -w 2 --json "$out/inproc8-allreduce-large.json"
 checked=("$out"/inproc8-allreduce-small.json "$out"/inproc8-allreduce-large.json)
 versus=()
+cliff=()
 
 if command -v mpiexec >/dev/null && "$bench" allreduce --help 2>/dev/null | grep -q mpi; then
   every=ring,tree,dbtree,rd,rabenseifner,auto
@@ -44,6 +46,18 @@ if command -v mpiexec >/dev/null && "$bench" allreduce --help 2>/dev/null | grep
   for c in reduce_scatter allgather broadcast; do
     run mpiexec -n 2 "$bench" "$c" -t mpi -a auto,native -b 8 -e 64M -f 16 -c 1 --json "$out/mpi-$c.json"
   done
+  # Cliff sweep (issue 32): every collective and schedule over shm, 1 MiB to
+  # 256 MiB, twice; bench/cliff_check.py below prints any size where busbw
+  # drops > 30 % from the size before, or between the two runs.
+  for run_no in 1 2; do
+    for spec in "allreduce direct,ring,tree,dbtree,rd,rabenseifner" "reduce_scatter direct,ring" \
+                "allgather direct,ring" "broadcast direct,ring,tree" "reduce direct,ring,tree"; do
+      set -- $spec
+      run mpiexec -n 2 "$bench" "$1" -t shm -a "$2" -b 1M -e 256M -n 5 -w 1 -c 0 \
+        --json "$out/shm-cliff-$1-$run_no.json"
+      cliff+=("$out/shm-cliff-$1-$run_no.json")
+    done
+  done
 fi
 
 # Compressed allreduce beside the dense one, and where `automatic` decides:
@@ -52,10 +66,12 @@ zs=(-z int8 -z topk:density=0.01 -z approx_topk:density=0.01)
 if command -v mpiexec >/dev/null && "$bench" allreduce --help 2>/dev/null | grep -q mpi; then
   run mpiexec -n 2 "$bench" allreduce -t shm -o avg -a auto "${zs[@]}" -b 1M -e 64M -f 8 -n 5 -w 1 \
     --json "$out/shm-compressed.json"
-  # ... and across a 1 Gbit/s link between two network namespaces (root only).
+  # ... and across a 1 Gbit/s link between two network namespaces (root only):
+  # one 1-64 MiB sweep with dense (gradsync auto, MPI native) and every codec,
+  # always and automatic, over the same link (plot.py: compressed-mpi-rig-n2.png).
   if [ "$(id -u)" = 0 ] && "$(dirname "$0")/netrig.sh" --check >/dev/null 2>&1; then
     run "$(dirname "$0")/netrig.sh" -- "$bench" allreduce -t mpi -o avg -a auto,native "${zs[@]}" \
-      -b 64M -e 64M -n 3 -w 1 --json "$out/rig-compressed.json"
+      -b 1M -e 64M -f 2 -n 3 -w 1 --json "$out/rig-compressed.json"
   else
     echo; echo "# netrig: skipped (needs root, ip netns and tc)"
   fi
@@ -76,6 +92,7 @@ run "$bench" compress -z fp16 -z bf16 -z int8 -z int4 -z sign -z qsgd -z terngra
 
 if command -v python3 >/dev/null; then
   run python3 "$(dirname "$0")/auto_check.py" "${checked[@]}"
+  if [ "${#cliff[@]}" -gt 0 ]; then run python3 "$(dirname "$0")/cliff_check.py" "${cliff[@]}"; fi
   for v in "${versus[@]}"; do
     # shellcheck disable=SC2086 # each entry is: OURS THEIRS FILE...
     run python3 "$(dirname "$0")/versus.py" $v

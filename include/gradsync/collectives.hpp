@@ -22,6 +22,7 @@
 #include "algo/ring.hpp"
 #include "algo/select.hpp"
 #include "algo/shm_direct.hpp"
+#include "algo/shm_direct_rooted.hpp"
 #include "algo/tree.hpp"
 #include "algo/verify.hpp"
 #include "core/dtype.hpp"
@@ -263,19 +264,21 @@ algorithm allgather_algorithm(const C& c, std::size_t block, const options& o = 
                                                  topology_of<C, E>(c, o), o.segment());
 }
 
-/// The schedule `broadcast` runs for `count` elements of T: `ring` (the
-/// pipelined chain) or `tree` (binomial), by the cost model.
-template <element T, transport C>
+/// The schedule `broadcast` runs for `count` elements of T with executor E:
+/// `ring` (the pipelined chain), `tree` (binomial) or, where the transport
+/// has a shared arena, `direct` (algo/shm_direct_rooted.hpp), by the cost model.
+template <element T, transport C, executor E = exec::host>
 algorithm broadcast_algorithm(const C& c, std::size_t count, const options& o = {}) {
   if (o.algo != algorithm::automatic) return o.algo;
-  return detail::selector_for<C>(o).choose_rooted(count * sizeof(T), c.size(), false, o.segment());
+  return detail::selector_for<C, E>(o).choose_rooted(count * sizeof(T), topology_of<C, E>(c, o), false, o.segment());
 }
 
-/// The schedule `reduce` runs for `count` elements of T: `ring` (chain) or `tree`.
-template <element T, transport C>
+/// The schedule `reduce` runs for `count` elements of T: `ring` (chain),
+/// `tree`, or `direct` where the transport has a shared arena.
+template <element T, transport C, executor E = exec::host>
 algorithm reduce_algorithm(const C& c, std::size_t count, const options& o = {}) {
   if (o.algo != algorithm::automatic) return o.algo;
-  return detail::selector_for<C>(o).choose_rooted(count * sizeof(T), c.size(), true, o.segment());
+  return detail::selector_for<C, E>(o).choose_rooted(count * sizeof(T), topology_of<C, E>(c, o), true, o.segment());
 }
 
 namespace detail {
@@ -464,8 +467,10 @@ void allgather(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> o
   allgather<C, exec::host, T>(c, ex, in, out, o);
 }
 
-/// Broadcast `data` from `root` to every rank: the pipelined chain (`ring`)
-/// or the binomial tree (`tree`); `automatic` picks by the cost model.
+/// Broadcast `data` from `root` to every rank: the pipelined chain (`ring`),
+/// the binomial tree (`tree`) or, over a shared arena, `direct` (every rank
+/// copies the root's data out of the root's arena); `automatic` picks by the
+/// cost model.
 template <transport C, executor E, element T>
 void broadcast(C& c, E& ex, std::span<T> data, int root, const options& o = {}) {
   const char* name = "broadcast";
@@ -474,11 +479,15 @@ void broadcast(C& c, E& ex, std::span<T> data, int root, const options& o = {}) 
   detail::check_span(data, name, r, "buffer");
   detail::check_root(root, c.size(), name, r);
   detail::check_tag(o.tag, name, r);
-  const algorithm a = broadcast_algorithm<T>(c, data.size(), o);
-  if (a != algorithm::ring && a != algorithm::tree) detail::unsupported(name, r, a);
+  const algorithm a = broadcast_algorithm<T, C, E>(c, data.size(), o);
+  if (a != algorithm::ring && a != algorithm::tree && (a != algorithm::direct || !detail::arena_for<C, E>))
+    detail::unsupported(name, r, a);
   detail::run_call(c, name, detail::fingerprint_of<T, void>(call_kind::broadcast, data.size(), a, root),
                    data.size_bytes(), o, [&] {
-                     if (a == algorithm::tree)
+                     if (a == algorithm::direct) {
+                       if constexpr (detail::arena_for<C, E>)
+                         algo::shm_direct::broadcast(c, data.data(), data.size(), root);
+                     } else if (a == algorithm::tree)
                        algo::tree::broadcast(c, ex, data.data(), data.size(), root, o.segment(), o.tag);
                      else
                        algo::chain::broadcast(c, ex, data.data(), data.size(), root, o.segment(), o.tag);
@@ -492,13 +501,15 @@ void broadcast(C& c, std::span<T> data, int root, const options& o = {}) {
   broadcast<C, exec::host, T>(c, ex, data, root, o);
 }
 
-/// Scratch bytes `reduce` needs for `count` elements.
-template <element T, transport C>
+/// Scratch bytes `reduce` needs for `count` elements (executor E).
+template <element T, transport C, executor E = exec::host>
 std::size_t reduce_workspace_bytes(const C& c, std::size_t count, const options& o = {}) {
   const std::size_t seg = o.segment();
-  if (reduce_algorithm<T>(c, count, o) == algorithm::tree)
-    return algo::tree::reduce_scratch_elems(count, sizeof(T), seg, c.size()) * sizeof(T);
-  return algo::chain::reduce_scratch_elems(count, sizeof(T), seg, c.size()) * sizeof(T);
+  switch (reduce_algorithm<T, C, E>(c, count, o)) {
+  case algorithm::direct: return 0;
+  case algorithm::tree: return algo::tree::reduce_scratch_elems(count, sizeof(T), seg, c.size()) * sizeof(T);
+  default: return algo::chain::reduce_scratch_elems(count, sizeof(T), seg, c.size()) * sizeof(T);
+  }
 }
 
 /// Reduce to `root`: at the root `out` (at least `in.size()` elements, may be
@@ -519,12 +530,16 @@ void reduce(C& c, E& ex, std::type_identity_t<std::span<const T>> in, std::span<
     detail::check_alias(in, out, name, r);
   }
   detail::check_tag(o.tag, name, r);
-  const algorithm a = reduce_algorithm<T>(c, in.size(), o);
-  if (a != algorithm::ring && a != algorithm::tree) detail::unsupported(name, r, a);
-  auto ws = ex.template scratch<T>(o.workspace, reduce_workspace_bytes<T>(c, in.size(), o) / sizeof(T), name, r);
+  const algorithm a = reduce_algorithm<T, C, E>(c, in.size(), o);
+  if (a != algorithm::ring && a != algorithm::tree && (a != algorithm::direct || !detail::arena_for<C, E>))
+    detail::unsupported(name, r, a);
+  auto ws = ex.template scratch<T>(o.workspace, reduce_workspace_bytes<T, C, E>(c, in.size(), o) / sizeof(T), name, r);
   detail::run_call(c, name, detail::fingerprint_of<T, Op>(call_kind::reduce, in.size(), a, root), in.size_bytes(), o,
                    [&] {
-                     if (a == algorithm::tree)
+                     if (a == algorithm::direct) {
+                       if constexpr (detail::arena_for<C, E>)
+                         algo::shm_direct::reduce(c, in.data(), out.data(), in.size(), root, op);
+                     } else if (a == algorithm::tree)
                        algo::tree::reduce(c, ex, in.data(), out.data(), in.size(), root, op, o.segment(), o.tag,
                                           ws.data());
                      else

@@ -288,6 +288,33 @@ TEST_CASE("select: broadcast and reduce pick tree or chain by the model") {
   CHECK(m.rooted(algorithm::direct, 8, 4, true, 1 << 18) == std::numeric_limits<double>::infinity());
 }
 
+TEST_CASE("select: direct broadcast and reduce (the arena) by hand, and chosen only with an arena") {
+  cost_model m;
+  m.local = {2e-6, 5e-10, 1.5e-10};
+  m.arena.copy = 1.5e-10;
+  m.arena.sync = 0.5e-6;
+  const topology t{4, 4, 1, true}, no_arena{4, 4, 1, false};
+  const double round = static_cast<double>(gradsync::policy::shm_rooted_round_bytes);
+  // broadcast of 8 KiB: one round, a copy in and the overlapped copy out
+  CHECK(m.rooted(algorithm::direct, 8192, t, false, 1 << 18) == doctest::Approx(0.5e-6 + 2 * 8192 * 1.5e-10));
+  // 8 rounds and a half: 9 syncs, n plus the first round copied
+  const double n = 8.5 * round;
+  CHECK(m.rooted(algorithm::direct, static_cast<std::size_t>(n), t, false, 1 << 18) ==
+        doctest::Approx(9 * 0.5e-6 + (n + round) * 1.5e-10));
+  // reduce of 8 KiB: one round, the root reduces all four copies
+  CHECK(m.rooted(algorithm::direct, 8192, t, true, 1 << 18) == doctest::Approx(0.5e-6 + 8192 * 1.5e-10 + 3 * 8192 * 1.5e-10));
+  CHECK(m.rooted(algorithm::direct, 8192, no_arena, false, 1 << 18) == std::numeric_limits<double>::infinity());
+  const selector sel(m);
+  for (std::size_t bytes : {std::size_t{8}, std::size_t{1} << 20, std::size_t{64} << 20})
+    for (bool red : {false, true}) {
+      CHECK(sel.choose_rooted(bytes, t, red, 1 << 18) == algorithm::direct);
+      CHECK(sel.choose_rooted(bytes, no_arena, red, 1 << 18) == sel.choose_rooted(bytes, 4, red, 1 << 18));
+    }
+  // a table entry naming a message schedule wins over the model
+  const selector pinned(m, parse_algo_table("tree"));
+  CHECK(pinned.choose_rooted(std::size_t{1} << 20, t, false, 1 << 18) == algorithm::tree);
+}
+
 TEST_CASE("select: the shared-memory arena allreduce (direct) by hand") {
   cost_model m;
   m.local.gamma = 1e-10;

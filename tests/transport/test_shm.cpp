@@ -50,6 +50,10 @@ static_assert(gradsync::transport<communicator>);
 void expect(bool ok, const std::string& what) {
   if (!ok) throw std::runtime_error("expectation failed: " + what);
 }
+// Per element in hot loops: the message is only assembled on failure.
+void expect(bool ok, const char* what, const std::string& where) {
+  if (!ok) throw std::runtime_error("expectation failed: " + std::string(what) + where);
+}
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 // Every rank finished cleanly and its segment left no trace.
@@ -76,6 +80,9 @@ std::vector<std::uint8_t> pattern(std::size_t n, int src, int k) {
   return v;
 }
 
+// A size that goes by rendezvous (above policy::shm_eager_bytes).
+constexpr std::size_t eager_probe = gradsync::policy::shm_eager_bytes + 100;
+
 // After a size mismatch the rings are still consistent: a following
 // exchange between ranks 0 and 1 works.
 void exchange_after_mismatch(communicator& c) {
@@ -93,7 +100,8 @@ TEST_CASE("shm: messages of every size class arrive intact, both directions and 
   // 0, inline (<= 32), one cell over, frame-sized, larger than the ring
   // (several wrap-arounds) and odd.
   const std::size_t ring = gradsync::policy::shm_ring_bytes;
-  const std::vector<std::size_t> sizes{0, 1, 31, 32, 33, 64, 4095, 65536 + 3, ring - 1, 3 * ring + 7};
+  const std::size_t eager = gradsync::policy::shm_eager_bytes; // larger ones go by rendezvous
+  const std::vector<std::size_t> sizes{0, 1, 31, 32, 33, 64, 4095, 65536 + 3, eager, eager + 1, ring - 1, 3 * ring + 7};
   auto res = spawn(2, [&](communicator& c) {
     const int me = c.rank(), other = 1 - me;
     expect(c.size() == 2, "size");
@@ -137,6 +145,68 @@ TEST_CASE("shm: per-(peer, tag) FIFO matching, with messages arriving before the
           expect(in == pattern(sizes[k], 0, static_cast<int>(k)),
                  "tag " + std::to_string(tag) + " message " + std::to_string(k) + " out of order or corrupt");
         }
+    }
+  });
+  check_all_ok(res);
+}
+
+TEST_CASE("shm: rendezvous messages whose receives are not posted hold nothing up, in any order") {
+  // Rank 0 posts many large messages on tag 1 (more than the ring holds),
+  // then small and large ones on tag 2; rank 1 takes all of tag 2 first,
+  // then tag 1 in order, a few receives ahead (as a pipelined schedule does).
+  const std::size_t eager = gradsync::policy::shm_eager_bytes, ring = gradsync::policy::shm_ring_bytes;
+  const std::vector<std::size_t> ones{eager + 1, ring, 256 * 1024, ring + 4096 + 5, 256 * 1024, 300'001, eager + 64};
+  const std::vector<std::size_t> twos{7, 2 * ring + 3, 0, eager + 1};
+  auto res = spawn(2, [&](communicator& c) {
+    if (c.rank() == 0) {
+      std::vector<std::vector<std::uint8_t>> msgs;
+      std::vector<gradsync::shm::request> reqs;
+      for (std::size_t k = 0; k < ones.size(); ++k) msgs.push_back(pattern(ones[k], 0, static_cast<int>(k)));
+      for (std::size_t k = 0; k < twos.size(); ++k) msgs.push_back(pattern(twos[k], 0, 100 + static_cast<int>(k)));
+      for (std::size_t k = 0; k < ones.size(); ++k) reqs.push_back(c.isend(cbytes(msgs[k]), 1, 1));
+      for (std::size_t k = 0; k < twos.size(); ++k) reqs.push_back(c.isend(cbytes(msgs[ones.size() + k]), 1, 2));
+      for (auto& r : reqs) r.wait();
+    } else {
+      for (std::size_t k = 0; k < twos.size(); ++k) {
+        std::vector<std::uint8_t> in(twos[k]);
+        c.irecv(wbytes(in), 0, 2).wait();
+        expect(in == pattern(twos[k], 0, 100 + static_cast<int>(k)), "tag 2 message " + std::to_string(k));
+      }
+      constexpr std::size_t ahead = 3;
+      std::vector<std::vector<std::uint8_t>> in(ones.size());
+      std::vector<gradsync::shm::request> reqs(ones.size());
+      auto post = [&](std::size_t k) {
+        in[k].resize(ones[k]);
+        reqs[k] = c.irecv(wbytes(in[k]), 0, 1);
+      };
+      for (std::size_t k = 0; k < std::min(ahead, ones.size()); ++k) post(k);
+      for (std::size_t k = 0; k < ones.size(); ++k) {
+        reqs[k].wait();
+        expect(in[k] == pattern(ones[k], 0, static_cast<int>(k)), "tag 1 message " + std::to_string(k));
+        if (k + ahead < ones.size()) post(k + ahead);
+      }
+    }
+  });
+  check_all_ok(res);
+}
+
+TEST_CASE("shm: a matched rendezvous receive withdrawn mid-payload stops the sender, which completes") {
+  const std::size_t n = 8 * gradsync::policy::shm_ring_bytes + 3;
+  auto res = spawn(2, [&](communicator& c) {
+    if (c.rank() == 0) {
+      const auto big = pattern(n, 0, 5);
+      c.isend(cbytes(big), 1, 1).wait(); // completes although only part of it was read
+      const auto after = pattern(eager_probe, 0, 6);
+      c.isend(cbytes(after), 1, 2).wait();
+    } else {
+      {
+        std::vector<std::uint8_t> gone(n);
+        auto r = c.irecv(wbytes(gone), 0, 1);
+        for (int i = 0; i < 50 && !r.test(); ++i) std::this_thread::sleep_for(1ms); // part of it arrives
+      } // withdrawn
+      std::vector<std::uint8_t> in(eager_probe);
+      c.irecv(wbytes(in), 0, 2).wait();
+      expect(in == pattern(eager_probe, 0, 6), "the message after the withdrawn one");
     }
   });
   check_all_ok(res);
@@ -589,19 +659,19 @@ TEST_CASE("shm_direct: allreduce on 1..4 ranks, every path, in and out of place"
         for (std::size_t i = 0; i < n; ++i) in[i] = static_cast<float>((r + 1) * static_cast<int>(i % 11 + 1));
         allreduce(c, in.data(), out.data(), n, op::sum{});
         for (std::size_t i = 0; i < n; ++i)
-          expect(out[i] == static_cast<float>(tri * static_cast<int>(i % 11 + 1)), "sum" + at);
-        expect(out[n] == -3.0f, "wrote past the end" + at);
+          expect(out[i] == static_cast<float>(tri * static_cast<int>(i % 11 + 1)), "sum", at);
+        expect(out[n] == -3.0f, "wrote past the end", at);
         // in place, integer max and avg
         std::vector<std::int64_t> m(n);
         for (std::size_t i = 0; i < n; ++i) m[i] = (static_cast<std::int64_t>(r) - 1) * static_cast<std::int64_t>(i % 13) + (std::int64_t{1} << 40);
         allreduce(c, m.data(), m.data(), n, op::max{});
         for (std::size_t i = 0; i < n; ++i)
-          expect(m[i] == static_cast<std::int64_t>(p - 2) * static_cast<std::int64_t>(i % 13) + (std::int64_t{1} << 40), "max" + at);
+          expect(m[i] == static_cast<std::int64_t>(p - 2) * static_cast<std::int64_t>(i % 13) + (std::int64_t{1} << 40), "max", at);
         std::vector<double> a(n);
         for (std::size_t i = 0; i < n; ++i) a[i] = static_cast<double>(r + 1) + static_cast<double>(i % 3);
         allreduce(c, a.data(), a.data(), n, op::avg{});
         for (std::size_t i = 0; i < n; ++i)
-          expect(a[i] == static_cast<double>(p + 1) / 2 + static_cast<double>(i % 3), "avg" + at);
+          expect(a[i] == static_cast<double>(p + 1) / 2 + static_cast<double>(i % 3), "avg", at);
         // half precision: every rank holds the bitwise same rounding
         std::vector<gradsync::half> hv(n);
         for (std::size_t i = 0; i < n; ++i) hv[i] = gradsync::half(0.1f * static_cast<float>(r + 1) + 0.01f * static_cast<float>(i % 5));
@@ -612,7 +682,7 @@ TEST_CASE("shm_direct: allreduce on 1..4 ranks, every path, in and out of place"
           for (int q = 1; q < p; ++q)
             acc = gradsync::half(static_cast<float>(acc) + static_cast<float>(gradsync::half(0.1f * static_cast<float>(q + 1) + 0.01f * static_cast<float>(i % 5))));
           want = static_cast<float>(acc);
-          expect(static_cast<float>(hv[i]) == want, "half sum in rank order" + at);
+          expect(static_cast<float>(hv[i]) == want, "half sum in rank order", at);
         }
       }
     }, 90s);
@@ -635,26 +705,130 @@ TEST_CASE("shm_direct: reduce_scatter and allgather on 1..4 ranks, in and out of
         for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>((r + 1) * static_cast<int>(i % 9 + 1));
         sd::reduce_scatter(c, in.data(), out.data(), n, gradsync::op::sum{});
         for (std::size_t i = 0; i < n; ++i)
-          expect(out[i] == static_cast<float>(tri * static_cast<int>((R * n + i) % 9 + 1)), "reduce_scatter" + at);
+          expect(out[i] == static_cast<float>(tri * static_cast<int>((R * n + i) % 9 + 1)), "reduce_scatter", at);
         // in place: the result lands on block r of the input
         sd::reduce_scatter(c, in.data(), in.data() + R * n, n, gradsync::op::max{});
         for (std::size_t i = 0; i < n; ++i)
-          expect(in[R * n + i] == static_cast<float>(p * static_cast<int>((R * n + i) % 9 + 1)), "in-place reduce_scatter" + at);
+          expect(in[R * n + i] == static_cast<float>(p * static_cast<int>((R * n + i) % 9 + 1)), "in-place reduce_scatter", at);
         std::vector<std::int32_t> mine(n), all(n * P, -1);
         for (std::size_t i = 0; i < n; ++i) mine[i] = r * 1'000'000 + static_cast<int>(i);
         sd::allgather(c, mine.data(), all.data(), n);
         for (std::size_t q = 0; q < P; ++q)
           for (std::size_t i = 0; i < n; ++i)
-            expect(all[q * n + i] == static_cast<int>(q) * 1'000'000 + static_cast<int>(i), "allgather" + at);
+            expect(all[q * n + i] == static_cast<int>(q) * 1'000'000 + static_cast<int>(i), "allgather", at);
         std::fill(all.begin(), all.end(), -1);
         std::copy(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(R * n));
         sd::allgather(c, all.data() + R * n, all.data(), n); // in place
         for (std::size_t q = 0; q < P; ++q)
           for (std::size_t i = 0; i < n; ++i)
-            expect(all[q * n + i] == static_cast<int>(q) * 1'000'000 + static_cast<int>(i), "in-place allgather" + at);
+            expect(all[q * n + i] == static_cast<int>(q) * 1'000'000 + static_cast<int>(i), "in-place allgather", at);
       }
     }, 90s);
     check_all_ok(res);
+  }
+}
+
+// ---- direct broadcast and reduce (algo/shm_direct_rooted.hpp) ---------------
+
+namespace {
+
+// Rank q's element i of the rooted tests: small integers, exact in every dtype.
+template <class T> T rooted_val(int q, std::size_t i) {
+  return static_cast<T>(static_cast<int>((i * 7 + static_cast<std::size_t>(q) * 3) % 23) - 11 + q);
+}
+
+// Broadcast and reduce with `algo` from every root, checked against
+// references computed here element by element from rooted_val.
+template <class T> void rooted_direct_case(communicator& c, std::size_t n, const gradsync::options& o) {
+  using namespace gradsync;
+  const int p = c.size(), r = c.rank();
+  const std::string at = " (count " + std::to_string(n) + ", " + std::string(dtype_name(dtype_traits<T>::id)) + ")";
+  for (int root = 0; root < p; ++root) {
+    const std::string where = at + " root " + std::to_string(root);
+    std::vector<T> b(n + 1, T(-99));
+    for (std::size_t i = 0; i < n; ++i) b[i] = r == root ? rooted_val<T>(root, i) : T(-5);
+    broadcast(c, std::span<T>(b).first(n), root, o);
+    for (std::size_t i = 0; i < n; ++i)
+      if (b[i] != rooted_val<T>(root, i)) throw std::runtime_error("broadcast wrong at " + std::to_string(i) + where);
+    expect(b[n] == T(-99), "broadcast wrote past the end" + where);
+
+    std::vector<T> in(n), out(n + 1, T(-99));
+    for (std::size_t i = 0; i < n; ++i) in[i] = rooted_val<T>(r, i);
+    reduce(c, std::span<const T>(in), std::span<T>(out).first(r == root ? n : 0), root, op::sum{}, o);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (r != root) {
+        expect(out[i] == T(-99), "reduce touched a non-root's output" + where);
+        break;
+      }
+      T want = rooted_val<T>(0, i);
+      for (int q = 1; q < p; ++q) want = static_cast<T>(want + rooted_val<T>(q, i));
+      if (out[i] != want) throw std::runtime_error("reduce sum wrong at " + std::to_string(i) + where);
+    }
+    expect(out[n] == T(-99), "reduce wrote past the end" + where);
+    // in place at the root, max
+    std::vector<T> m(n);
+    for (std::size_t i = 0; i < n; ++i) m[i] = rooted_val<T>(r, i);
+    reduce(c, std::span<const T>(m), r == root ? std::span<T>(m) : std::span<T>(), root, op::max{}, o);
+    if (r == root)
+      for (std::size_t i = 0; i < n; ++i) {
+        T want = rooted_val<T>(0, i);
+        for (int q = 1; q < p; ++q) want = std::max(want, rooted_val<T>(q, i));
+        if (m[i] != want) throw std::runtime_error("in-place reduce max wrong at " + std::to_string(i) + where);
+      }
+  }
+}
+
+} // namespace
+
+TEST_CASE("shm_direct: broadcast and reduce through the arena, 2..4 ranks, every root, f32/i32/f64") {
+  const std::size_t small = gradsync::policy::shm_direct_small_bytes;
+  auto counts = [&](std::size_t elem) {
+    // empty, one, odd, the small path's edge and one past it, several rounds
+    // (odd), several MiB (odd)
+    return std::vector<std::size_t>{0, 1, 7, small / elem, small / elem + 1,
+                                    3 * gradsync::policy::shm_rooted_round_bytes / elem + 17,
+                                    (std::size_t{5} << 20) / elem + 3};
+  };
+  for (int p = 2; p <= 4; ++p) {
+    CAPTURE(p);
+    auto res = spawn(p, [&](communicator& c) {
+      gradsync::options o;
+      o.algo = gradsync::algorithm::direct;
+      for (std::size_t n : counts(4)) rooted_direct_case<float>(c, n, o);
+      for (std::size_t n : counts(4)) rooted_direct_case<std::int32_t>(c, n, o);
+      for (std::size_t n : counts(8)) rooted_direct_case<double>(c, n, o);
+      // automatic takes the arena here (uncalibrated shm model) at small and large sizes
+      for (std::size_t n : {std::size_t{3}, std::size_t{1} << 20}) {
+        expect(gradsync::broadcast_algorithm<float>(c, n) == gradsync::algorithm::direct, "auto broadcast is direct");
+        expect(gradsync::reduce_algorithm<float>(c, n) == gradsync::algorithm::direct, "auto reduce is direct");
+      }
+      rooted_direct_case<float>(c, 100'003, {});
+    }, 120s);
+    check_all_ok(res);
+  }
+}
+
+TEST_CASE("shm_direct: ranks that disagree on a direct broadcast's root or a reduce's count all fail") {
+  for (bool verify : {true, false}) {
+    CAPTURE(verify);
+    auto res = spawn(2, [&](communicator& c) {
+      gradsync::options o;
+      o.algo = gradsync::algorithm::direct;
+      o.verify = verify ? gradsync::verification::automatic : gradsync::verification::never;
+      if (verify) { // the root is only in the fingerprint
+        std::vector<float> b(1000, 1.0f);
+        gradsync::broadcast(c, std::span<float>(b), c.rank(), o);
+      } else {
+        std::vector<float> in(1000 + 500 * static_cast<std::size_t>(c.rank())), out(in.size());
+        gradsync::reduce(c, std::span<const float>(in), std::span<float>(out), 0, gradsync::op::sum{}, o);
+      }
+    });
+    for (std::size_t r = 0; r < res.size(); ++r) {
+      INFO("rank " << r << ": " << res[r].message);
+      CHECK(!res[r].hung);
+      CHECK(res[r].code == 1);
+      CHECK(contains(res[r].message, verify ? "broadcast" : "reduce"));
+    }
   }
 }
 
@@ -688,8 +862,8 @@ TEST_CASE("shm: neighbor_allreduce through the arena equals the serial replay bi
           ref::replay(g.at(s), want);
           want_sent += g.at(s).out(r).size() * n * sizeof(T);
         }
-        expect(n == 0 || std::memcmp(x.data(), want[R].data(), n * sizeof(T)) == 0, "bitwise equal to the replay" + at);
-        expect(sent == want_sent, "bytes sent" + at);
+        expect(n == 0 || std::memcmp(x.data(), want[R].data(), n * sizeof(T)) == 0, "bitwise equal to the replay", at);
+        expect(sent == want_sent, "bytes sent", at);
       };
       for (const gs::graph& g : graphs)
         for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{37}}) {
@@ -836,17 +1010,17 @@ TEST_CASE("shm_direct: ranks writing the arena in different ways (streaming, ord
           for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>((r + 1) * static_cast<int>((i + rep) % 7 + 1));
           sd::allreduce(c, v.data(), v.data(), n, gradsync::op::sum{});
           for (std::size_t i = 0; i < n; ++i)
-            expect(v[i] == static_cast<float>(tri * static_cast<int>((i + rep) % 7 + 1)), "allreduce" + at);
+            expect(v[i] == static_cast<float>(tri * static_cast<int>((i + rep) % 7 + 1)), "allreduce", at);
           if (rep % 4 != 0 || n > round) continue;
           std::vector<std::int32_t> in(n * P), out(n), all(n * P, -1);
           for (std::size_t i = 0; i < in.size(); ++i) in[i] = (r + 1) * static_cast<int>(i % 5 + 1);
           sd::reduce_scatter(c, in.data(), out.data(), n, gradsync::op::sum{});
           for (std::size_t i = 0; i < n; ++i)
-            expect(out[i] == tri * static_cast<int>((R * n + i) % 5 + 1), "reduce_scatter" + at);
+            expect(out[i] == tri * static_cast<int>((R * n + i) % 5 + 1), "reduce_scatter", at);
           sd::allgather(c, out.data(), all.data(), n);
           for (std::size_t q = 0; q < P; ++q)
             for (std::size_t i = 0; i < n; ++i)
-              expect(all[q * n + i] == tri * static_cast<int>((q * n + i) % 5 + 1), "allgather" + at);
+              expect(all[q * n + i] == tri * static_cast<int>((q * n + i) % 5 + 1), "allgather", at);
         }
     }, 120s);
     check_all_ok(res);

@@ -202,9 +202,38 @@ struct cost_model {
     if (a == algorithm::direct && t.shared_arena) return arena_half(n, p, reduce);
     return std::numeric_limits<double>::infinity();
   }
+  /// Arena broadcast (`reduce`: false) or reduce of n bytes on p ranks
+  /// (algo/shm_direct_rooted.hpp). Broadcast: one synchronisation per round
+  /// of policy::shm_rooted_round_bytes; the root's copy in and the others'
+  /// copy out overlap but for the first round. Reduce: the same rounds, the
+  /// others staging while the root combines all p inputs of the round before
+  /// (p - 1 combining passes); up to shm_direct_small_bytes one round.
+  double rooted_direct(double n, int p, bool reduce) const {
+    if (p <= 1) return 0;
+    if (!reduce) {
+      const double round = std::min(static_cast<double>(policy::shm_rooted_round_bytes), arena.half_bytes);
+      const double rounds = std::max(1.0, std::ceil(n / round));
+      return rounds * arena.sync + (n + std::min(n, round)) * arena.copy;
+    }
+    const double g = local.gamma;
+    if (n <= static_cast<double>(policy::shm_direct_small_bytes) && n <= arena.half_bytes)
+      return arena.sync + n * arena.copy + (p - 1) * n * g;
+    const double round = std::min(static_cast<double>(policy::shm_rooted_round_bytes), arena.half_bytes);
+    const double rounds = std::max(1.0, std::ceil(n / round));
+    return rounds * arena.sync + std::min(n, round) * arena.copy + (p - 1) * n * g;
+  }
+  /// Predicted seconds of rooted schedule `a` on `t`: rooted() below, and
+  /// `direct` (rooted_direct) where t.shared_arena; infinity elsewhere.
+  double rooted(algorithm a, std::size_t bytes, const topology& t, bool reduce, std::size_t seg) const {
+    if (a == algorithm::direct)
+      return t.shared_arena ? rooted_direct(static_cast<double>(bytes), t.ranks, reduce)
+                            : std::numeric_limits<double>::infinity();
+    return rooted(a, bytes, t.ranks, reduce, seg);
+  }
   /// Predicted seconds of a broadcast (`reduce`: false) or reduce of `bytes`
   /// from/to one root: `tree` is the binomial tree, `ring` the pipelined
-  /// chain; infinity for any other (no such rooted schedule).
+  /// chain; infinity for any other (no such rooted schedule; `direct` needs
+  /// the topology overload above).
   double rooted(algorithm a, std::size_t bytes, int p, bool reduce, std::size_t seg) const {
     if (a != algorithm::tree && a != algorithm::ring) return std::numeric_limits<double>::infinity();
     if (p <= 1) return 0;
@@ -378,6 +407,16 @@ public:
                    model_.rooted(algorithm::ring, bytes, p, reduce, seg)
                ? algorithm::tree
                : algorithm::ring;
+  }
+  /// The same on `t`: `direct` (the shared arena) too where t.shared_arena
+  /// and the model predicts it cheapest, or the table names it.
+  algorithm choose_rooted(std::size_t bytes, const topology& t, bool reduce, std::size_t seg) const {
+    if (t.shared_arena && pinned(bytes) == algorithm::direct) return algorithm::direct;
+    const algorithm a = choose_rooted(bytes, t.ranks, reduce, seg);
+    if (!t.shared_arena || (pinned(bytes) == a && a != algorithm::automatic)) return a;
+    return model_.rooted(algorithm::direct, bytes, t, reduce, seg) < model_.rooted(a, bytes, t, reduce, seg)
+               ? algorithm::direct
+               : a;
   }
 
   /// Reduce-scatter schedule for `bytes` in all (p blocks of bytes/p) on

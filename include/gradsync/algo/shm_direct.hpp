@@ -105,8 +105,12 @@ enum counter : int { copied = 0, reduced = 1, drained = 2 };
 // Which collective a call is (part of its signature).
 // (Signatures hold the first four in two bits; small_allreduce only names a
 // class of timed store choices.)
-enum class call : std::uint64_t { allreduce = 0, reduce_scatter = 1, allgather = 2, neighbor = 3, small_allreduce = 4 };
+// Rooted calls (algo/shm_direct_rooted.hpp) set bit 63 of a signature, with
+// broadcast = 0 and reduce = 1 in the two call bits.)
+enum class call : std::uint64_t { allreduce = 0, reduce_scatter = 1, allgather = 2, neighbor = 3, small_allreduce = 4,
+                                  broadcast = 5, reduce = 6 };
 inline const char* call_name(std::uint64_t k) {
+  if (k & 8) return (k & 1) ? "reduce" : "broadcast"; // bit 63: rooted
   k &= 3; // (bit 62 of a signature: shared buffers)
   return k == 1 ? "reduce_scatter" : k == 2 ? "allgather" : k == 3 ? "neighbor_allreduce" : "allreduce";
 }
@@ -130,7 +134,7 @@ using exec::combine_wide;
 inline std::string describe(std::uint64_t sig) {
   return std::string(call_name(sig >> 60)) + " of count " + std::to_string(sig & ((std::uint64_t{1} << 48) - 1)) +
          ", dtype " + std::to_string((sig >> 48) & 0xff) + ", op " + std::to_string((sig >> 56) & 0xf) +
-         ((sig & on_shared) ? " on shared buffers" : " on private buffers");
+         ((sig >> 63) ? "" : (sig & on_shared) ? " on shared buffers" : " on private buffers");
 }
 
 // The fingerprint (algo/verify.hpp) the running call checks in band, if

@@ -111,6 +111,19 @@ inline constexpr std::size_t shm_frame_bytes = std::size_t{64} << 10;
 /// for p > 8), but no ring gets smaller than shm_min_ring_bytes.
 inline constexpr std::size_t shm_rings_budget = std::size_t{64} << 20;
 inline constexpr std::size_t shm_min_ring_bytes = std::size_t{128} << 10;
+/// Messages above this many bytes go by rendezvous (transport/shm/engine.hpp):
+/// the sender announces one in a header cell and writes its payload only once
+/// the receiver has matched it, straight into the receiver's buffer. Before
+/// (issue 32), a message whose receive was not yet posted was drained into a
+/// freshly allocated private buffer: a pipelined chain broadcast (256 KiB
+/// segments, 4 receives posted ahead) took every later segment that way,
+/// page-faulting in each buffer (glibc mmaps them, or trims and regrows the
+/// heap, depending on the sizes freed before: hence the history dependence)
+/// and copying it twice. mpiexec -n 2 gradsync-bench broadcast -t shm -a
+/// ring -b 64M -e 64M, CI VM: 1.10-1.32 GB/s before (perf: 14 % of samples
+/// in page faults, 20 % spinning), see docs/benchmarks.md for after.
+/// One frame's worth stays eager: small messages keep their one-way latency.
+inline constexpr std::size_t shm_eager_bytes = std::size_t{64} << 10;
 /// Smallest frame worth writing when the ring is nearly full (no slivers).
 inline constexpr std::size_t shm_min_frame_bytes = std::size_t{4} << 10;
 static_assert((shm_ring_bytes & (shm_ring_bytes - 1)) == 0 && (shm_min_ring_bytes & (shm_min_ring_bytes - 1)) == 0 &&
@@ -144,6 +157,14 @@ inline constexpr std::size_t shm_arena_bytes = std::size_t{4} << 20;
 /// with streaming stores no difference beyond noise (1 / 16 MiB: 512 KiB
 /// rounds 7.0-8.1 / 4.7-6.9, 2 MiB 6.7-8.2 / 4.8-6.9).
 inline constexpr std::size_t shm_allreduce_round_bytes = std::size_t{512} << 10;
+/// Bytes a direct broadcast round moves through the root's arena (at most
+/// half an arena): the root stages round e+1 while the others copy round e
+/// out. See docs/benchmarks.md (issue 32) for the sizes measured.
+inline constexpr std::size_t shm_rooted_round_bytes = std::size_t{1} << 20;
+/// A direct reduce runs at least this many rounds (of at least
+/// shm_direct_small_bytes), so the root combines round e while the others
+/// stage round e+1 on small buffers too. See docs/benchmarks.md (issue 32).
+inline constexpr std::size_t shm_rooted_min_rounds = 4;
 /// Shares in the arena start on cache-line multiples.
 inline constexpr std::size_t shm_arena_align = 64;
 /// Up to this many bytes, shm_direct reduces the whole buffer on every rank

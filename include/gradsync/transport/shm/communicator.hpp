@@ -13,7 +13,10 @@
 // cache). Receivers acknowledge each message when they match it (or reject it
 // on a size mismatch) with a control frame on the reverse ring, so a send
 // completes once its bytes are in the ring and the receive was matched, which
-// is what gives both sides the size-mismatch error.
+// is what gives both sides the size-mismatch error. Messages above
+// policy::shm_eager_bytes go by rendezvous: a one-cell announcement first,
+// the payload only after the ack, straight into the matched receive's buffer
+// (no private copy of an early large message; see engine.hpp).
 //
 // Matching is per (peer, tag) in order. A message that arrives before its
 // receive is posted is drained into a private buffer (so one unposted tag can

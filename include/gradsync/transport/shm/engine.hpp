@@ -54,6 +54,7 @@ struct op_state {
   std::unique_ptr<std::byte[]> owned; // send: private copy of an abandoned tail
   bool started = false;     // send: first frame written (seq assigned)
   bool acked = false;       // send: receiver matched (or rejected) it
+  bool rndv = false;        // send: by rendezvous (layout.hpp's rendezvous())
   std::uint64_t seq = 0;
 };
 using op_ptr = std::shared_ptr<op_state>;
@@ -64,12 +65,23 @@ struct unexpected {
   std::uint64_t seq;
   std::size_t total, received = 0;
   std::unique_ptr<std::byte[]> data;
+  bool rts = false; // announced by rendezvous: no payload until matched
+};
+
+// A rendezvous message matched to receive `op`, its payload arriving in
+// `data` frames straight into op's buffer (a withdrawn receive's entry is
+// removed, and its remaining frames are skipped).
+struct stream_in {
+  std::uint64_t seq;
+  std::size_t total, received = 0;
+  op_ptr op;
 };
 
 struct outbound { // this rank -> peer
   ring_ctl* ctl = nullptr;
   std::byte* data = nullptr;
-  std::deque<op_ptr> sends;      // posted, not fully written, in order
+  std::deque<op_ptr> sends;      // posted, first frame (or rts) not yet written, in order
+  std::deque<op_ptr> streams;    // rendezvous sends acked, payload being written
   std::deque<frame> ctrl;        // acks/nacks waiting for ring space
   std::unordered_map<std::uint64_t, op_ptr> unacked;
   std::uint64_t tail = 0, head = 0, next_seq = 0; // head: cached consumer position
@@ -88,6 +100,7 @@ struct inbound { // peer -> this rank
   std::byte* dst = nullptr;      // nullptr: discard
   op_ptr op;                     // the matched receive, if any
   unexpected* early_msg = nullptr;
+  std::vector<stream_in> streams; // matched rendezvous messages, payload to come
 };
 
 using gradsync::detail::size_mismatch;
@@ -163,7 +176,7 @@ public:
     for (int q = 0; q < size_; ++q) moved |= pull(q);
     for (int q = 0; q < size_; ++q) {
       auto& o = out_[idx(q)];
-      if (!o.ctrl.empty() || !o.sends.empty()) moved |= push(q);
+      if (!o.ctrl.empty() || !o.sends.empty() || !o.streams.empty()) moved |= push(q);
     }
     return moved;
   }
@@ -274,6 +287,7 @@ private:
     s->bytes = n;
     s->peer = peer;
     s->tag = tag;
+    s->rndv = is_send && rendezvous(n);
     if (broken_) fail(*s, "aborted: " + broken_reason_, broken_kind_);
     return s;
   }
@@ -330,6 +344,23 @@ private:
     if (!o.ctrl.empty()) return moved; // control frames go first
     while (!o.sends.empty()) {
       auto s = o.sends.front();
+      if (s->rndv) { // announce it; the payload waits for the receiver's ack
+        if (space(o, cell) < cell) break;
+        frame f{};
+        f.kind = rts;
+        f.tag = s->tag;
+        f.total = s->bytes;
+        s->started = true;
+        s->seq = o.next_seq++;
+        o.unacked.emplace(s->seq, s);
+        f.seq = s->seq;
+        put(o, o.tail, &f, cell);
+        o.tail += cell;
+        publish(o, q);
+        o.sends.pop_front();
+        moved = true;
+        continue;
+      }
       const std::size_t left = s->bytes - s->written;
       frame f{};
       f.kind = s->started ? more : first;
@@ -365,6 +396,33 @@ private:
       if (s->written == s->bytes) {
         o.sends.pop_front();
         if (s->acked) s->done = true;
+      }
+    }
+    // Payloads of matched rendezvous messages, in the order they were acked.
+    while (!o.streams.empty()) {
+      auto s = o.streams.front();
+      const std::size_t left = s->bytes - s->written;
+      const std::size_t want = std::min(left, frame_);
+      const std::size_t min_len = std::min(left, policy::shm_min_frame_bytes);
+      const std::size_t free = space(o, cell + round_up(want, cell));
+      if (free < cell + round_up(min_len, cell)) break;
+      const std::size_t len = std::min(want, (free - cell) / cell * cell);
+      if (len < want && len < min_len) break;
+      put(o, o.tail + cell, s->buf + (s->written - s->base), len);
+      frame f{};
+      f.kind = data;
+      f.tag = s->tag;
+      f.total = s->bytes;
+      f.seq = s->seq;
+      f.len = static_cast<std::uint32_t>(len);
+      put(o, o.tail, &f, cell);
+      o.tail += cell + round_up(len, cell);
+      s->written += len;
+      publish(o, q);
+      moved = true;
+      if (s->written == s->bytes) {
+        o.streams.pop_front();
+        s->done = true;
       }
     }
     return moved;
@@ -406,6 +464,10 @@ private:
 
   // Hands an early message to receive `s` (posted now).
   void claim(inbound& in, unexpected& u, const op_ptr& s) {
+    if (u.rts) { // the payload now comes straight into the user's buffer
+      if (accept(s->peer, u.seq, u.total, s->tag, *s)) in.streams.push_back(stream_in{u.seq, u.total, 0, s});
+      return;
+    }
     const bool streaming = in.open && in.early_msg == &u;
     if (!accept(s->peer, u.seq, u.total, s->tag, *s)) {
       if (streaming) {
@@ -437,7 +499,10 @@ private:
       get(in, in.head, &f, cell);
       switch (f.kind) {
       case ack:
-      case nack: on_answer(q, f); break;
+      case nack:
+      case stop: on_answer(q, f); break;
+      case rts: announced(q, in, f); break;
+      case data: arrive(q, in, f); break;
       case first: open(q, in, f); [[fallthrough]];
       case more: {
         if (f.kind != first && !in.open) corrupt(q, "a continuation frame without an open message");
@@ -456,12 +521,42 @@ private:
       }
       default: corrupt(q, "frame kind " + std::to_string(f.kind));
       }
-      in.head += f.kind == ack || f.kind == nack ? cell : frame_span(f.total, f.len);
+      in.head += f.kind == ack || f.kind == nack || f.kind == stop || f.kind == rts ? cell
+                 : f.kind == data                                              ? cell + round_up(f.len, cell)
+                                                                               : frame_span(f.total, f.len);
       ctl.head.store(in.head, std::memory_order_release);
       if (in.head == in.tail) in.tail = ctl.tail.load(std::memory_order_acquire);
     }
     notify(q); // the producer may sleep waiting for space
     return true;
+  }
+
+  // A rendezvous message announced: matched to the first posted receive of
+  // its tag (acked, its payload to come), else kept as early, without data.
+  void announced(int q, inbound& in, const frame& f) {
+    for (auto it = in.posted.begin(); it != in.posted.end(); ++it) {
+      if ((*it)->tag != f.tag) continue;
+      op_ptr s = *it;
+      in.posted.erase(it);
+      if (accept(q, f.seq, f.total, f.tag, *s)) in.streams.push_back(stream_in{f.seq, f.total, 0, std::move(s)});
+      return;
+    }
+    in.early.push_back(unexpected{f.tag, f.seq, f.total, 0, nullptr, true});
+  }
+
+  // A payload frame of matched rendezvous message f.seq (one whose receive
+  // was withdrawn is not found: skipped).
+  void arrive(int q, inbound& in, const frame& f) {
+    auto it = std::find_if(in.streams.begin(), in.streams.end(), [&](const stream_in& x) { return x.seq == f.seq; });
+    if (it == in.streams.end()) return;
+    const std::size_t len = f.len;
+    if (it->received + len > it->total) corrupt(q, "more rendezvous payload than the message size");
+    get(in, in.head + cell, it->op->buf + it->received, len);
+    it->received += len;
+    if (it->received == it->total) {
+      it->op->done = true;
+      in.streams.erase(it);
+    }
   }
 
   void open(int q, inbound& in, const frame& f) {
@@ -498,11 +593,26 @@ private:
 
   void on_answer(int q, const frame& f) {
     auto& o = out_[idx(q)];
+    if (f.kind == stop) { // the receiver withdrew: send no more of it
+      auto st = std::find_if(o.streams.begin(), o.streams.end(), [&](const op_ptr& x) { return x->seq == f.seq; });
+      if (st == o.streams.end()) return;
+      (*st)->written = (*st)->bytes;
+      (*st)->done = true;
+      o.streams.erase(st);
+      return;
+    }
     auto it = o.unacked.find(f.seq);
     if (it == o.unacked.end()) return; // an abandoned send
     op_ptr s = std::move(it->second);
     o.unacked.erase(it);
     s->acked = true;
+    if (s->rndv) {
+      if (f.kind == ack) {
+        o.streams.push_back(std::move(s)); // the payload goes now
+        return;
+      }
+      s->written = s->bytes; // rejected: nothing of it is sent
+    }
     if (f.kind == nack) {
       s->error = size_mismatch(rank_, s->bytes, q, static_cast<std::size_t>(f.total), f.tag, f.flags & upto_receive);
       s->error_kind = errc::mismatch;
@@ -580,6 +690,17 @@ private:
         std::erase_if(o.sends, same);
         return;
       }
+      if (s.rndv) {
+        // Announced: the receiver may match it (or already did) and then
+        // counts on its payload, so it stays queued, from a private copy.
+        if (s.written < s.bytes && !s.owned) {
+          s.owned = std::make_unique_for_overwrite<std::byte[]>(s.bytes - s.written);
+          std::memcpy(s.owned.get(), s.buf + (s.written - s.base), s.bytes - s.written);
+          s.buf = s.owned.get();
+          s.base = s.written;
+        }
+        return;
+      }
       o.unacked.erase(s.seq); // its ack, if it comes, is ignored
       if (s.written < s.bytes && !s.owned) {
         s.owned = std::make_unique_for_overwrite<std::byte[]>(s.bytes - s.written);
@@ -594,6 +715,12 @@ private:
     if (in.open && in.op.get() == &s) {
       in.op.reset();
       in.dst = nullptr;
+    }
+    auto st = std::find_if(in.streams.begin(), in.streams.end(), [&](const stream_in& x) { return x.op.get() == &s; });
+    if (st != in.streams.end()) { // a rendezvous payload still to come: tell the sender to stop
+      answer(s.peer, stop, st->seq, 0, s.tag, false);
+      in.streams.erase(st);
+      push(s.peer);
     }
   }
 
@@ -626,12 +753,16 @@ private:
     for (auto& o : out_) {
       for (auto& s : o.sends) fail(*s, msg, kind);
       for (auto& [seq, s] : o.unacked) fail(*s, msg, kind);
+      for (auto& s : o.streams) fail(*s, msg, kind);
       o.sends.clear();
       o.unacked.clear();
+      o.streams.clear();
     }
     for (auto& in : in_) {
       for (auto& s : in.posted) fail(*s, msg, kind);
       in.posted.clear();
+      for (auto& st : in.streams) fail(*st.op, msg, kind);
+      in.streams.clear();
       if (in.op) fail(*in.op, msg, kind);
       in.op.reset();
       in.dst = nullptr;

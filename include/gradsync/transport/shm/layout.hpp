@@ -12,7 +12,7 @@
 
 namespace gradsync::shm::detail {
 
-inline constexpr std::uint64_t magic = 0x6772616473796e03ull; // "gradsyn" + layout version 3
+inline constexpr std::uint64_t magic = 0x6772616473796e04ull; // "gradsyn" + layout version 4
 inline constexpr std::size_t cell = 64;          // frame granularity (one cache line)
 inline constexpr std::size_t inline_bytes = 32;  // payload carried inside a header cell
 inline constexpr std::size_t page = 4096;
@@ -21,7 +21,12 @@ inline constexpr std::size_t round_up(std::size_t n, std::size_t a) { return (n 
 
 // Frames. `first` opens a message (and carries it entirely if it is small),
 // `more` continues the open message, `ack`/`nack` answer a message's `seq`.
-enum kind : std::uint32_t { first = 1, more = 2, ack = 3, nack = 4 };
+// Messages above policy::shm_eager_bytes go by rendezvous: `rts` announces
+// one (a header cell, no payload); once the receiver matched it and acked,
+// its payload follows in `data` frames that name it by `seq` (they may
+// interleave with other messages' frames); `stop` (receiver -> sender) says
+// a matched receive was withdrawn, so the rest of that payload is not sent.
+enum kind : std::uint32_t { first = 1, more = 2, ack = 3, nack = 4, rts = 5, data = 6, stop = 7 };
 
 struct frame {
   std::uint32_t kind;
@@ -39,6 +44,8 @@ inline constexpr std::uint32_t upto_receive = 1;
 inline std::size_t frame_span(std::uint64_t total, std::size_t len) {
   return total <= inline_bytes ? cell : cell + round_up(len, cell);
 }
+// Whether a message of `total` bytes goes by rendezvous (rts, ack, data).
+inline constexpr bool rendezvous(std::uint64_t total) { return total > policy::shm_eager_bytes; }
 
 using a32 = std::atomic<std::uint32_t>;
 using a64 = std::atomic<std::uint64_t>;
