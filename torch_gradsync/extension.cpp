@@ -159,7 +159,16 @@ public:
       stop_ = true;
     }
     cv_.notify_one();
-    thread_.join();
+    // A group destroyed from Python (at exit, or when the last reference
+    // goes) holds the GIL here, while the worker's last task may need it
+    // (completing a future runs Python callbacks; a tensor's deleter): join
+    // without it, or both wait forever (seen in tests/torch/test_errors.py).
+    if (Py_IsInitialized() && PyGILState_Check()) {
+      pybind11::gil_scoped_release nogil;
+      thread_.join();
+    } else {
+      thread_.join();
+    }
   }
   void post(std::function<void()> task) {
     {
