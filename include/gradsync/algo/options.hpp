@@ -23,6 +23,9 @@ enum class algorithm {
   hier,      ///< hierarchical: intra-group, inter-group, intra-group
   twod,      ///< 2-D grid: row reduce-scatter, column ring allreduce, row allgather
   direct,    ///< shared memory only: reduce in place from every rank's staged copy (algo/shm_direct.hpp)
+  pairwise,  ///< alltoall(v): one peer pair per step (algo/alltoall_pairwise.hpp)
+  scattered, ///< alltoall(v): a window of peers in flight (algo/alltoall_scattered.hpp)
+  bruck,     ///< alltoall: log2 p rounds of packed blocks (algo/alltoall_bruck.hpp)
 };
 
 /// Name used by options, the bench's `-a` and GRADSYNC_ALGO.
@@ -37,6 +40,9 @@ constexpr std::string_view algorithm_name(algorithm a) {
   case algorithm::hier: return "hier";
   case algorithm::twod: return "2d";
   case algorithm::direct: return "direct";
+  case algorithm::pairwise: return "pairwise";
+  case algorithm::scattered: return "scattered";
+  case algorithm::bruck: return "bruck";
   }
   return "?";
 }
@@ -45,7 +51,7 @@ constexpr std::string_view algorithm_name(algorithm a) {
 constexpr bool parse_algorithm(std::string_view s, algorithm& out) {
   for (auto a : {algorithm::automatic, algorithm::ring, algorithm::tree, algorithm::dbtree,
                  algorithm::rd, algorithm::rabenseifner, algorithm::hier, algorithm::twod,
-                 algorithm::direct})
+                 algorithm::direct, algorithm::pairwise, algorithm::scattered, algorithm::bruck})
     if (algorithm_name(a) == s) {
       out = a;
       return true;

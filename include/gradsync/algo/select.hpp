@@ -245,6 +245,34 @@ struct cost_model {
     const double k = std::max(1.0, std::ceil(n / static_cast<double>(seg))), s = n / k;
     return (p - 2 + k) * (l.alpha + s * (l.beta + g));
   }
+
+  /// Predicted seconds of an alltoall(v) by `a` moving `m` bytes to each of
+  /// p - 1 peers on link `l` (docs/algorithms.md): `pairwise` one pair of
+  /// messages per step, (p-1)(alpha + beta m); `scattered` `window` peers
+  /// in flight: the same (alpha is mostly per-message software cost, which
+  /// a window does not overlap), a hair cheaper so ties go to it; `bruck` (equal blocks only) ceil(log2 p) rounds of up to ceil(p/2)
+  /// packed blocks plus three local passes over the p blocks (rotate, pack,
+  /// unrotate) at the link's per-byte cost. Infinity for anything else.
+  static double exchange(algorithm a, double m, int p, const link_cost& l, int window) {
+    if (p <= 1) return 0;
+    switch (a) {
+    case algorithm::pairwise: return (p - 1) * (l.alpha + l.beta * m);
+    case algorithm::scattered: {
+      // Each message's alpha is mostly the software's cost of posting and
+      // matching it, which a window does not overlap: the same formula as
+      // pairwise, less a small share of alpha per extra message in flight
+      // (ties go to scattered; what separates the two at scale is
+      // contention, which this model does not have yet).
+      const int w = std::min(std::max(1, window), p - 1);
+      return (p - 1) * (l.alpha + l.beta * m) - (w - 1) * 1e-3 * l.alpha;
+    }
+    case algorithm::bruck: {
+      const double rounds = std::bit_width(static_cast<unsigned>(p) - 1);
+      return rounds * (l.alpha + l.beta * m * std::ceil(p / 2.0)) + 3.0 * p * m * l.beta;
+    }
+    default: return std::numeric_limits<double>::infinity();
+    }
+  }
 };
 
 /// One entry of an override table: `algo` for messages of [lo, hi) bytes
@@ -311,7 +339,7 @@ inline std::vector<size_rule> parse_algo_table(std::string_view spec) {
     const std::string_view name = detail::trim(token.substr(0, colon));
     if (!parse_algorithm(name, rule.algo))
       detail::bad_rule(token, "unknown algorithm '" + std::string(name) +
-                                  "' (auto, ring, tree, dbtree, rd, rabenseifner, hier, 2d, direct)");
+                                  "' (auto, ring, tree, dbtree, rd, rabenseifner, hier, 2d, direct, pairwise, scattered, bruck)");
     if (colon != std::string_view::npos) {
       const std::string_view range = token.substr(colon + 1);
       const auto dash = range.find('-');
@@ -360,6 +388,12 @@ public:
     return beta > policy::slow_link_beta ? policy::slow_link_segment_bytes : policy::ring_segment_bytes;
   }
 
+  /// Whether `a` is a schedule of the exchanges only (alltoall(v)): a table
+  /// entry naming one leaves the reductions to the model.
+  static constexpr bool exchange_only(algorithm a) noexcept {
+    return a == algorithm::pairwise || a == algorithm::scattered || a == algorithm::bruck;
+  }
+
   /// The table's entry for `bytes`, or automatic when none covers it.
   algorithm pinned(std::size_t bytes) const {
     for (const auto& r : table_)
@@ -369,7 +403,7 @@ public:
 
   /// The allreduce schedule for `bytes` on `t`.
   algorithm choose(std::size_t bytes, const topology& t, std::size_t seg) const {
-    if (const auto a = pinned(bytes); a != algorithm::automatic) return a;
+    if (const auto a = pinned(bytes); a != algorithm::automatic && !exchange_only(a)) return a;
     return cheapest(bytes, t, seg);
   }
 
@@ -393,7 +427,8 @@ public:
   /// The schedule of hier's inter-group step: the table's entry (unless it
   /// names hier/twod, which cannot nest) or the cheapest flat one.
   algorithm choose_inner(std::size_t bytes, int groups, std::size_t seg) const {
-    if (const auto a = pinned(bytes); a != algorithm::automatic && a != algorithm::hier && a != algorithm::twod)
+    if (const auto a = pinned(bytes);
+        a != algorithm::automatic && a != algorithm::hier && a != algorithm::twod && !exchange_only(a))
       return a;
     return cost_model::best_flat(static_cast<double>(bytes), groups, model_.global,
                                  static_cast<double>(seg)).first;
@@ -429,6 +464,26 @@ public:
   /// Allgather schedule for `bytes` in all (p blocks): as choose_reduce_scatter.
   algorithm choose_allgather(std::size_t bytes, const topology& t, std::size_t /*seg*/) const {
     return choose_ring_or_direct(bytes, t, false);
+  }
+
+  /// Alltoall(v) schedule for `m` bytes per peer on `t` (`equal`: equal
+  /// blocks, so Bruck is a candidate): the table's entry when it names an
+  /// exchange schedule, else the cheapest by cost_model::exchange.
+  algorithm choose_alltoall(std::size_t m, const topology& t, bool equal) const {
+    if (const auto a = pinned(m); a == algorithm::pairwise || a == algorithm::scattered || (equal && a == algorithm::bruck))
+      return a;
+    const link_cost& l = model_.flat_link(t);
+    algorithm best = algorithm::scattered;
+    double cost = cost_model::exchange(best, static_cast<double>(m), t.ranks, l, policy::alltoall_window);
+    for (auto a : {algorithm::pairwise, algorithm::bruck}) {
+      if (a == algorithm::bruck && !equal) continue;
+      if (const double c = cost_model::exchange(a, static_cast<double>(m), t.ranks, l, policy::alltoall_window);
+          c < cost * (1 - 1e-9)) {
+        best = a;
+        cost = c;
+      }
+    }
+    return best;
   }
 
 private:

@@ -44,6 +44,9 @@ enum class call_kind : std::uint8_t {
   push_sum,           ///< gossip, as neighbor_allreduce
   choco_gossip,       ///< gossip: codec hashes the mixing matrix, codec, gamma and seed
   other, ///< a caller's own schedule (fingerprint_of with a name)
+  alltoall,           ///< count: elements per peer
+  alltoallv,          ///< count: 0 (counts are per pair, checked by each message's size); codec: a plan's id
+  neighbor_alltoallv, ///< as alltoallv
 };
 
 /// Whether a call kind is a gossip operation (its fingerprint's codec field
@@ -66,6 +69,9 @@ constexpr const char* call_kind_name(call_kind k) noexcept {
   case call_kind::push_sum: return "push_sum";
   case call_kind::choco_gossip: return "choco_gossip";
   case call_kind::other: return "other";
+  case call_kind::alltoall: return "alltoall";
+  case call_kind::alltoallv: return "alltoallv";
+  case call_kind::neighbor_alltoallv: return "neighbor_alltoallv";
   }
   return "?";
 }

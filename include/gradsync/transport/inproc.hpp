@@ -526,3 +526,8 @@ template <class Fn> void run(const std::shared_ptr<world>& w, Fn&& fn) {
 template <class Fn> void run(int ranks, Fn&& fn) { run(std::make_shared<world>(ranks), std::forward<Fn>(fn)); }
 
 } // namespace gradsync::inproc
+
+// Opt-in prebuilt instantiations (gradsync/prebuilt.hpp).
+#if defined(GRADSYNC_PREBUILT) && !defined(GRADSYNC_PREBUILT_INSTANTIATE)
+#include "../prebuilt/inproc.hpp"
+#endif

@@ -614,3 +614,8 @@ inline void barrier(communicator& c) {
 
 } // namespace native
 } // namespace gradsync::mpi
+
+// Opt-in prebuilt instantiations (gradsync/prebuilt.hpp).
+#if defined(GRADSYNC_PREBUILT) && !defined(GRADSYNC_PREBUILT_INSTANTIATE)
+#include "../prebuilt/mpi.hpp"
+#endif

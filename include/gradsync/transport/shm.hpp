@@ -6,3 +6,8 @@
 #pragma once
 
 #include "shm/communicator.hpp"
+
+// Opt-in prebuilt instantiations (gradsync/prebuilt.hpp).
+#if defined(GRADSYNC_PREBUILT) && !defined(GRADSYNC_PREBUILT_INSTANTIATE)
+#include "../prebuilt/shm.hpp"
+#endif

@@ -1,0 +1,625 @@
+// gradsync: the exchange family, for mixture-of-experts dispatch/combine and
+// graph neural networks' halo exchange: alltoall (equal blocks), alltoallv
+// (per-peer counts, known or learned), neighbor_alltoallv (only the edges of
+// a graph) and exchange_plan (counts, displacements and schedule fixed once,
+// checked pairwise, reused every step). Every call validates its arguments,
+// checks that the ranks make the same call (collectives.hpp's run_call) and
+// runs over any transport; counts that disagree between two ranks fail the
+// receive's size check (errc::mismatch) instead of hanging or reading short.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "algo/alltoall_bruck.hpp"
+#include "algo/alltoall_pairwise.hpp"
+#include "algo/alltoall_scattered.hpp"
+#include "algo/exchange.hpp"
+#include "algo/neighbor_exchange.hpp"
+#include "collectives.hpp"
+#include "core/hash.hpp"
+#include "gossip/topology.hpp"
+
+namespace gradsync {
+
+/// A communication graph as one rank sees it (MPI_Dist_graph_create_adjacent's
+/// view): the ranks it receives from and the ranks it sends to. Entries may
+/// repeat (several messages between one pair, matched in list order) and may
+/// name the rank itself (a local copy: the k-th self destination fills the
+/// k-th self source).
+struct neighbors {
+  std::vector<int> sources;
+  std::vector<int> destinations;
+};
+
+/// The neighbours of `rank` in a gossip mixing matrix: it receives from its
+/// in-neighbours and sends to its out-neighbours (a halo exchange over the
+/// graph a gossip topology describes).
+inline neighbors neighbors_of(const gossip::mixing& w, int rank) {
+  GRADSYNC_REQUIRE(rank >= 0 && rank < w.size(), "neighbors_of", rank,
+                   "rank out of range [0, " + std::to_string(w.size()) + ")");
+  neighbors g;
+  for (const gossip::edge& e : w.in(rank)) g.sources.push_back(e.peer);
+  for (const gossip::edge& e : w.out(rank)) g.destinations.push_back(e.peer);
+  return g;
+}
+
+namespace detail {
+
+// Checks a count list and its displacements against a buffer of `size`
+// elements: every block inside it, no two blocks of an output overlapping.
+inline void check_blocks(std::span<const std::size_t> counts, std::span<const std::size_t> displs, std::size_t size,
+                         bool output, const char* op, int rank, const char* what) {
+  GRADSYNC_REQUIRE(counts.size() == displs.size(), op, rank,
+                   std::string(what) + ": " + std::to_string(counts.size()) + " counts but " +
+                       std::to_string(displs.size()) + " displacements");
+  for (std::size_t q = 0; q < counts.size(); ++q)
+    GRADSYNC_REQUIRE(displs[q] <= size && counts[q] <= size - displs[q], op, rank,
+                     std::string(what) + " block " + std::to_string(q) + " [" + std::to_string(displs[q]) + ", +" +
+                         std::to_string(counts[q]) + ") lies outside the buffer of " + std::to_string(size) +
+                         " elements");
+  if (!output) return;
+  std::vector<std::size_t> order(counts.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return displs[a] < displs[b]; });
+  for (std::size_t i = 1; i < order.size(); ++i) {
+    const std::size_t a = order[i - 1], b = order[i];
+    GRADSYNC_REQUIRE(counts[a] == 0 || counts[b] == 0 || displs[a] + counts[a] <= displs[b], op, rank,
+                     std::string(what) + " blocks " + std::to_string(a) + " and " + std::to_string(b) +
+                         " overlap (a receive would overwrite another)");
+  }
+}
+
+inline std::size_t sum_checked(std::span<const std::size_t> counts, const char* op, int rank, const char* what) {
+  std::size_t s = 0;
+  for (const std::size_t n : counts) {
+    GRADSYNC_REQUIRE(n <= std::numeric_limits<std::size_t>::max() / 4 - s, op, rank,
+                     std::string(what) + " overflow size_t");
+    s += n;
+  }
+  return s;
+}
+
+inline std::vector<std::size_t> packed(std::span<const std::size_t> counts) {
+  std::vector<std::size_t> d(counts.size());
+  algo::exchange::packed_displs(counts, d);
+  return d;
+}
+
+template <class T, class U> bool overlaps(std::span<T> a, std::span<U> b) {
+  if (a.empty() || b.empty()) return false;
+  const auto x = reinterpret_cast<std::uintptr_t>(a.data()), y = reinterpret_cast<std::uintptr_t>(b.data());
+  return x < y + b.size_bytes() && y < x + a.size_bytes();
+}
+
+// The schedule of an alltoallv whose ranks may move different amounts: the
+// call's own choice (pairwise and scattered exchange the same messages, so
+// ranks may pick differently by their own largest block without breaking the
+// matching), or the forced one.
+template <transport C> algorithm v_schedule(const C& c, std::size_t largest_bytes, const options& o, const char* op) {
+  if (o.algo == algorithm::pairwise || o.algo == algorithm::scattered) return o.algo;
+  GRADSYNC_REQUIRE(o.algo == algorithm::automatic, op, c.rank(),
+                   "algorithm '" + std::string(algorithm_name(o.algo)) + "' is not available for " + op +
+                       " (pairwise, scattered, auto)");
+  return selector_of(o, false).choose_alltoall(largest_bytes, topology_of(c, o), false);
+}
+
+template <transport C> void run_exchange(C& c, algorithm a, const algo::exchange::layout& l, int tag) {
+  if (a == algorithm::pairwise) algo::alltoall_pairwise::run(c, l, tag);
+  else algo::alltoall_scattered::run(c, l, tag);
+}
+
+} // namespace detail
+
+/// The schedule `alltoall` runs for blocks of `block` elements of T:
+/// o.algo, or for `automatic` the cheapest of pairwise, scattered and Bruck
+/// by the cost model (GRADSYNC_ALGO may pin one per block size in bytes).
+template <element T, transport C> algorithm alltoall_algorithm(const C& c, std::size_t block, const options& o = {}) {
+  if (o.algo != algorithm::automatic) return o.algo;
+  return detail::selector_of(o, false).choose_alltoall(block * sizeof(T), topology_of(c, o), true);
+}
+
+/// Scratch bytes `alltoall` needs for blocks of `block` elements (pass at
+/// least this much as o.workspace to avoid a per-call allocation): Bruck's
+/// rotation and packing buffers, or for an in-place call of the other
+/// schedules a copy of the input.
+template <element T, transport C>
+std::size_t alltoall_workspace_bytes(const C& c, std::size_t block, const options& o = {}, bool in_place = false) {
+  const std::size_t b = block * sizeof(T);
+  if (alltoall_algorithm<T>(c, block, o) == algorithm::bruck) return algo::alltoall_bruck::scratch_bytes(c.size(), b);
+  return in_place && c.size() > 1 ? b * static_cast<std::size_t>(c.size()) : 0;
+}
+
+/// Alltoall: `in` and `out` hold size() blocks of equal length; block q of
+/// `in` goes to rank q, and block q of `out` arrives from rank q. `in` may be
+/// `out` (in place). Every rank must pass the same block length.
+template <transport C, element T>
+void alltoall(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> out, const options& o = {}) {
+  const char* name = "alltoall";
+  const int r = c.rank(), p = c.size();
+  const scoped_timeout guard(c, o.timeout);
+  detail::check_span(in, name, r, "input");
+  detail::check_span(out, name, r, "output");
+  GRADSYNC_REQUIRE(in.size() == out.size(), name, r,
+                   "input holds " + std::to_string(in.size()) + " elements, output " + std::to_string(out.size()) +
+                       " (both hold one block per rank)");
+  GRADSYNC_REQUIRE(in.size() % static_cast<std::size_t>(p) == 0, name, r,
+                   "buffer of " + std::to_string(in.size()) + " elements does not split into " + std::to_string(p) +
+                       " equal blocks");
+  const bool in_place = !in.empty() && static_cast<const void*>(in.data()) == static_cast<const void*>(out.data());
+  if (!in_place) detail::check_alias(in, out, name, r);
+  detail::check_tag(o.tag, name, r);
+  const std::size_t block = in.size() / static_cast<std::size_t>(p);
+  const algorithm a = alltoall_algorithm<T>(c, block, o);
+  if (a != algorithm::pairwise && a != algorithm::scattered && a != algorithm::bruck) detail::unsupported(name, r, a);
+  exec::host ex;
+  auto ws = ex.template scratch<std::byte>(o.workspace, alltoall_workspace_bytes<T>(c, block, o, in_place), name, r);
+  detail::run_call(c, name, detail::fingerprint_of<T, void>(call_kind::alltoall, block, a), in.size_bytes(), o, [&] {
+    const auto* src = reinterpret_cast<const std::byte*>(in.data());
+    auto* dst = reinterpret_cast<std::byte*>(out.data());
+    const std::size_t bytes = block * sizeof(T);
+    if (a == algorithm::bruck) {
+      algo::alltoall_bruck::run(c, src, dst, bytes, o.tag, ws.data());
+      return;
+    }
+    if (in_place && p > 1) {
+      std::memcpy(ws.data(), src, in.size_bytes());
+      src = ws.data();
+    }
+    const std::vector<std::size_t> counts(static_cast<std::size_t>(p), block);
+    const std::vector<std::size_t> displs = detail::packed(counts);
+    const algo::exchange::layout l{src, dst, sizeof(T), counts, displs, counts, displs};
+    detail::run_exchange(c, a, l, o.tag);
+  });
+}
+
+/// Alltoallv with explicit displacements (as MPI_Alltoallv): to rank q this
+/// rank sends send_counts[q] elements from in + send_displs[q], and from q it
+/// receives recv_counts[q] elements into out + recv_displs[q]. What rank a
+/// sends b must equal what b expects from a (else both fail, errc::mismatch;
+/// over MPI the receiver fails and the sender's next call). Output blocks
+/// must not overlap each other or the input.
+template <transport C, element T>
+void alltoallv(C& c, std::type_identity_t<std::span<const T>> in, std::span<const std::size_t> send_counts,
+               std::span<const std::size_t> send_displs, std::span<T> out, std::span<const std::size_t> recv_counts,
+               std::span<const std::size_t> recv_displs, const options& o = {}) {
+  const char* name = "alltoallv";
+  const int r = c.rank();
+  const auto p = static_cast<std::size_t>(c.size());
+  const scoped_timeout guard(c, o.timeout);
+  detail::check_span(in, name, r, "input");
+  detail::check_span(out, name, r, "output");
+  GRADSYNC_REQUIRE(send_counts.size() == p && recv_counts.size() == p, name, r,
+                   std::to_string(send_counts.size()) + " send and " + std::to_string(recv_counts.size()) +
+                       " receive counts for " + std::to_string(p) + " ranks (one per rank each)");
+  detail::check_blocks(send_counts, send_displs, in.size(), false, name, r, "send");
+  detail::check_blocks(recv_counts, recv_displs, out.size(), true, name, r, "receive");
+  GRADSYNC_REQUIRE(!detail::overlaps(in, out), name, r, "input and output overlap (alltoallv is not in place)");
+  detail::check_tag(o.tag, name, r);
+  GRADSYNC_REQUIRE(send_counts[static_cast<std::size_t>(r)] == recv_counts[static_cast<std::size_t>(r)], name, r,
+                   "sends itself " + std::to_string(send_counts[static_cast<std::size_t>(r)]) +
+                       " elements but expects " + std::to_string(recv_counts[static_cast<std::size_t>(r)]));
+  std::size_t largest = 0;
+  for (std::size_t q = 0; q < p; ++q) largest = std::max({largest, send_counts[q], recv_counts[q]});
+  const algorithm a = detail::v_schedule(c, largest * sizeof(T), o, name);
+  // The fingerprint names the forced schedule, or `automatic`: each rank's
+  // own pick is wire-compatible with its peers'.
+  detail::run_call(c, name, detail::fingerprint_of<T, void>(call_kind::alltoallv, 0, o.algo), in.size_bytes(), o,
+                   [&] {
+                     const algo::exchange::layout l{reinterpret_cast<const std::byte*>(in.data()),
+                                                    reinterpret_cast<std::byte*>(out.data()), sizeof(T),
+                                                    send_counts, send_displs, recv_counts, recv_displs};
+                     detail::run_exchange(c, a, l, o.tag);
+                   });
+}
+
+/// Alltoallv of packed blocks: block q of `in` (send_counts[q] elements,
+/// blocks one after another in rank order) goes to rank q, and `out`
+/// receives recv_counts[q] elements from each rank q, packed the same way.
+template <transport C, element T>
+void alltoallv(C& c, std::type_identity_t<std::span<const T>> in, std::span<const std::size_t> send_counts,
+               std::span<T> out, std::span<const std::size_t> recv_counts, const options& o = {}) {
+  const auto p = static_cast<std::size_t>(c.size());
+  GRADSYNC_REQUIRE(send_counts.size() == p && recv_counts.size() == p, "alltoallv", c.rank(),
+                   std::to_string(send_counts.size()) + " send and " + std::to_string(recv_counts.size()) +
+                       " receive counts for " + std::to_string(p) + " ranks (one per rank each)");
+  alltoallv<C, T>(c, in, send_counts, detail::packed(send_counts), out, recv_counts, detail::packed(recv_counts), o);
+}
+
+namespace detail {
+
+// alltoallv_dynamic's body: `place(total)` returns where the `total`
+// elements received go (or throws when they do not fit).
+template <transport C, element T, class Place>
+std::size_t alltoallv_dynamic(C& c, std::span<const T> in, std::span<const std::size_t> send_counts,
+                              std::span<std::size_t> recv_counts, const options& o, Place&& place) {
+  const char* name = "alltoallv_dynamic";
+  const int r = c.rank();
+  const auto p = static_cast<std::size_t>(c.size());
+  const scoped_timeout guard(c, o.timeout);
+  check_span(in, name, r, "input");
+  GRADSYNC_REQUIRE(send_counts.size() == p && recv_counts.size() == p, name, r,
+                   std::to_string(send_counts.size()) + " send counts and room for " +
+                       std::to_string(recv_counts.size()) + " receive counts for " + std::to_string(p) + " ranks");
+  const std::vector<std::size_t> sdispl = packed(send_counts);
+  GRADSYNC_REQUIRE(sum_checked(send_counts, name, r, "send counts") <= in.size(), name, r,
+                   "send counts add up to more than the input's " + std::to_string(in.size()) + " elements");
+  check_tag(o.tag, name, r);
+  GRADSYNC_REQUIRE(o.algo == algorithm::automatic || o.algo == algorithm::scattered, name, r,
+                   "algorithm '" + std::string(algorithm_name(o.algo)) + "' is not available for " + name +
+                       " (scattered, auto)");
+  std::size_t total = 0;
+  run_call(c, name, fingerprint_of<T, void>(call_kind::alltoallv, 0, algorithm::scattered), in.size_bytes(), o, [&] {
+    const int tag = o.tag, count_tag = o.tag + 1;
+    std::vector<std::uint64_t> mine(p), theirs(p);
+    for (std::size_t q = 0; q < p; ++q) mine[q] = send_counts[q];
+    theirs[static_cast<std::size_t>(r)] = mine[static_cast<std::size_t>(r)];
+    // Every count and every data message posted at once: the data need not
+    // wait for the counts, only its receive does.
+    algo::exchange::pending<C> counts, data;
+    for (std::size_t q = 0; q < p; ++q) {
+      if (static_cast<int>(q) == r) continue;
+      const int peer = static_cast<int>(q);
+      counts.recvs.push_back(c.irecv(std::as_writable_bytes(std::span(&theirs[q], 1)), peer, count_tag));
+      counts.sends.push_back(c.isend(std::as_bytes(std::span(&mine[q], 1)), peer, count_tag));
+      data.sends.push_back(c.isend(std::as_bytes(in.subspan(sdispl[q], send_counts[q])), peer, tag));
+    }
+    try {
+      counts.wait();
+      for (std::size_t q = 0; q < p; ++q) {
+        GRADSYNC_REQUIRE(theirs[q] <= std::numeric_limits<std::size_t>::max() / 4 - total, name, r,
+                         "rank " + std::to_string(q) + " announced " + std::to_string(theirs[q]) +
+                             " elements: the total overflows");
+        recv_counts[q] = static_cast<std::size_t>(theirs[q]);
+        total += recv_counts[q];
+      }
+      std::span<T> out;
+      try {
+        out = place(total);
+      } catch (const error& e) {
+        // The senders would wait for receives that never come: fail them too.
+        if constexpr (abortable<C>) c.abort(std::string(name) + " on rank " + std::to_string(r) + ": " + e.reason());
+        throw;
+      }
+      check_span(out, name, r, "output");
+      GRADSYNC_REQUIRE(!overlaps(in, out), name, r, "input and output overlap (alltoallv is not in place)");
+      std::size_t at = 0;
+      for (std::size_t q = 0; q < p; ++q) {
+        if (static_cast<int>(q) == r) std::copy_n(in.data() + sdispl[q], recv_counts[q], out.data() + at);
+        else data.recvs.push_back(c.irecv(std::as_writable_bytes(out.subspan(at, recv_counts[q])), static_cast<int>(q), tag));
+        at += recv_counts[q];
+      }
+    } catch (...) {
+      try {
+        data.wait();
+      } catch (...) {
+      }
+      throw;
+    }
+    data.wait();
+  });
+  return total;
+}
+
+} // namespace detail
+
+/// Alltoallv whose receive counts this rank does not know yet (the MoE
+/// dispatch: how many tokens each rank routes here). Each peer's count
+/// travels beside its data in the same schedule (no separate call): every
+/// count and data message is posted at once, and the data's receive once
+/// its count arrived. On return recv_counts[q] (size() entries) holds what
+/// came from rank q, packed into `out` in rank order; returns the total.
+/// `out` must hold it: a shortfall fails with errc::invalid_argument naming
+/// the size needed (and aborts the communicator where the transport can, so
+/// the senders fail too instead of waiting). The vector overload below
+/// sizes the output itself.
+template <transport C, element T>
+std::size_t alltoallv_dynamic(C& c, std::type_identity_t<std::span<const T>> in,
+                              std::span<const std::size_t> send_counts, std::span<T> out,
+                              std::span<std::size_t> recv_counts, const options& o = {}) {
+  return detail::alltoallv_dynamic<C, T>(c, in, send_counts, recv_counts, o, [&](std::size_t total) {
+    GRADSYNC_REQUIRE(total <= out.size(), "alltoallv_dynamic", c.rank(),
+                     "receives " + std::to_string(total) + " elements but the output holds " +
+                         std::to_string(out.size()));
+    return out.first(total);
+  });
+}
+
+/// alltoallv_dynamic into a vector, resized to what arrives once the counts
+/// are in (same single schedule).
+template <transport C, element T>
+std::size_t alltoallv_dynamic(C& c, std::type_identity_t<std::span<const T>> in,
+                              std::span<const std::size_t> send_counts, std::vector<T>& out,
+                              std::span<std::size_t> recv_counts, const options& o = {}) {
+  return detail::alltoallv_dynamic<C, T>(c, in, send_counts, recv_counts, o, [&](std::size_t total) {
+    out.resize(total);
+    return std::span<T>(out);
+  });
+}
+
+/// Neighbour alltoallv (a GNN's halo exchange): this rank sends
+/// send_counts[j] elements to g.destinations[j] and receives recv_counts[i]
+/// elements from g.sources[i], both packed in list order. Only the graph's
+/// edges carry messages. The graph must be consistent across ranks (a
+/// destination's list names this rank as a source as often): a missing
+/// peer fails the receive within the timeout, naming it; exchange_plan
+/// checks the graph once instead.
+template <transport C, element T>
+void neighbor_alltoallv(C& c, const neighbors& g, std::type_identity_t<std::span<const T>> in,
+                        std::span<const std::size_t> send_counts, std::span<T> out,
+                        std::span<const std::size_t> recv_counts, const options& o = {}) {
+  const char* name = "neighbor_alltoallv";
+  const int r = c.rank(), p = c.size();
+  const scoped_timeout guard(c, o.timeout);
+  detail::check_span(in, name, r, "input");
+  detail::check_span(out, name, r, "output");
+  GRADSYNC_REQUIRE(send_counts.size() == g.destinations.size() && recv_counts.size() == g.sources.size(), name, r,
+                   std::to_string(send_counts.size()) + " send counts for " + std::to_string(g.destinations.size()) +
+                       " destinations, " + std::to_string(recv_counts.size()) + " receive counts for " +
+                       std::to_string(g.sources.size()) + " sources");
+  std::size_t self_out = 0, self_in = 0;
+  for (const int q : g.destinations) {
+    GRADSYNC_REQUIRE(q >= 0 && q < p, name, r, "destination " + std::to_string(q) + " out of range");
+    self_out += q == r;
+  }
+  for (const int q : g.sources) {
+    GRADSYNC_REQUIRE(q >= 0 && q < p, name, r, "source " + std::to_string(q) + " out of range");
+    self_in += q == r;
+  }
+  GRADSYNC_REQUIRE(self_out == self_in, name, r,
+                   "names itself " + std::to_string(self_out) + " times as a destination but " +
+                       std::to_string(self_in) + " times as a source");
+  const std::vector<std::size_t> sd = detail::packed(send_counts), rd = detail::packed(recv_counts);
+  GRADSYNC_REQUIRE(detail::sum_checked(send_counts, name, r, "send counts") <= in.size(), name, r,
+                   "send counts add up to more than the input's " + std::to_string(in.size()) + " elements");
+  GRADSYNC_REQUIRE(detail::sum_checked(recv_counts, name, r, "receive counts") <= out.size(), name, r,
+                   "receive counts add up to more than the output's " + std::to_string(out.size()) + " elements");
+  for (std::size_t j = 0, i = 0; j < g.destinations.size(); ++j) { // self copies: equal sizes
+    if (g.destinations[j] != r) continue;
+    while (g.sources[i] != r) ++i;
+    GRADSYNC_REQUIRE(send_counts[j] == recv_counts[i], name, r,
+                     "its self edge " + std::to_string(j) + " sends " + std::to_string(send_counts[j]) +
+                         " elements but receives " + std::to_string(recv_counts[i]));
+    ++i;
+  }
+  GRADSYNC_REQUIRE(!detail::overlaps(in, out), name, r, "input and output overlap (the exchange is not in place)");
+  detail::check_tag(o.tag, name, r);
+  GRADSYNC_REQUIRE(o.algo == algorithm::automatic || o.algo == algorithm::scattered, name, r,
+                   "algorithm '" + std::string(algorithm_name(o.algo)) + "' is not available for " + name +
+                       " (scattered, auto)");
+  detail::run_call(c, name, detail::fingerprint_of<T, void>(call_kind::neighbor_alltoallv, 0, algorithm::scattered),
+                   in.size_bytes(), o, [&] {
+                     const algo::exchange::layout l{reinterpret_cast<const std::byte*>(in.data()),
+                                                    reinterpret_cast<std::byte*>(out.data()), sizeof(T),
+                                                    send_counts, sd, recv_counts, rd};
+                     algo::neighbor_exchange::run(c, g.sources, g.destinations, l, o.tag);
+                   });
+}
+
+/// An exchange fixed once and run every step (a GNN's halo: static counts;
+/// an MoE layer: one plan for the tokens, their indices and their weights,
+/// forwards for dispatch and backwards for combine). Creating it is
+/// collective: every rank passes its counts (per rank for an alltoall plan,
+/// per neighbour for a graph plan), and the plan checks them pairwise (what
+/// rank a sends b equals what b expects from a; for a graph, that every edge
+/// has both ends) and fails on every rank with the same error if any pair
+/// disagrees. It keeps the displacements and picks the schedule; run() then
+/// only moves data. Counts are in items; run() moves `width` elements per
+/// item (a token's hidden vector), so one plan serves several dtypes.
+class exchange_plan {
+public:
+  /// An alltoallv plan: send_counts[q] items to rank q, recv_counts[q] from it.
+  template <transport C>
+  exchange_plan(C& c, std::span<const std::size_t> send_counts, std::span<const std::size_t> recv_counts,
+                const options& o = {})
+      : ranks_(c.size()), rank_(c.rank()), tag_(o.tag), timeout_(o.timeout), algo_(o.algo) {
+    const char* name = "exchange_plan";
+    const auto p = static_cast<std::size_t>(c.size());
+    GRADSYNC_REQUIRE(send_counts.size() == p && recv_counts.size() == p, name, rank_,
+                     std::to_string(send_counts.size()) + " send and " + std::to_string(recv_counts.size()) +
+                         " receive counts for " + std::to_string(p) + " ranks (one per rank each)");
+    GRADSYNC_REQUIRE(o.algo == algorithm::automatic || o.algo == algorithm::pairwise ||
+                         o.algo == algorithm::scattered,
+                     name, rank_,
+                     "algorithm '" + std::string(algorithm_name(o.algo)) + "' is not available for a plan "
+                     "(pairwise, scattered, auto)");
+    assign(send_counts, recv_counts);
+    for (int q = 0; q < ranks_; ++q) {
+      sources_.push_back(q);
+      destinations_.push_back(q);
+    }
+    agree(c, o);
+  }
+
+  /// A neighbour plan over graph `g` (counts per entry of its lists).
+  template <transport C>
+  exchange_plan(C& c, neighbors g, std::span<const std::size_t> send_counts, std::span<const std::size_t> recv_counts,
+                const options& o = {})
+      : ranks_(c.size()), rank_(c.rank()), tag_(o.tag), timeout_(o.timeout), algo_(algorithm::scattered), graph_(true),
+        sources_(std::move(g.sources)), destinations_(std::move(g.destinations)) {
+    const char* name = "exchange_plan";
+    GRADSYNC_REQUIRE(send_counts.size() == destinations_.size() && recv_counts.size() == sources_.size(), name,
+                     rank_,
+                     std::to_string(send_counts.size()) + " send counts for " + std::to_string(destinations_.size()) +
+                         " destinations, " + std::to_string(recv_counts.size()) + " receive counts for " +
+                         std::to_string(sources_.size()) + " sources");
+    for (const int q : sources_)
+      GRADSYNC_REQUIRE(q >= 0 && q < ranks_, name, rank_, "source " + std::to_string(q) + " out of range");
+    for (const int q : destinations_)
+      GRADSYNC_REQUIRE(q >= 0 && q < ranks_, name, rank_, "destination " + std::to_string(q) + " out of range");
+    assign(send_counts, recv_counts);
+    agree(c, o);
+  }
+
+  /// Items this rank sends / receives in one forward run.
+  std::size_t send_items() const noexcept { return send_total_; }
+  std::size_t recv_items() const noexcept { return recv_total_; }
+  std::span<const std::size_t> send_counts() const noexcept { return send_counts_; }
+  std::span<const std::size_t> recv_counts() const noexcept { return recv_counts_; }
+  std::span<const std::size_t> send_displs() const noexcept { return send_displs_; }
+  std::span<const std::size_t> recv_displs() const noexcept { return recv_displs_; }
+  /// The same id on every rank of the plan (a hash of every rank's counts).
+  std::uint64_t id() const noexcept { return id_; }
+
+  /// Runs the exchange forwards: `in` holds send_items() x width elements
+  /// (packed per destination), `out` receives recv_items() x width.
+  template <transport C, element T>
+  void run(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> out, std::size_t width = 1) const {
+    go<C, T>(c, in, out, width, false);
+  }
+  /// Runs it backwards (what came from q goes back to q: MoE's combine, a
+  /// halo's gradient): `in` holds recv_items() x width, `out` send_items() x width.
+  template <transport C, element T>
+  void run_back(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> out, std::size_t width = 1) const {
+    go<C, T>(c, in, out, width, true);
+  }
+
+private:
+  void assign(std::span<const std::size_t> s, std::span<const std::size_t> r) {
+    send_counts_.assign(s.begin(), s.end());
+    recv_counts_.assign(r.begin(), r.end());
+    send_total_ = detail::sum_checked(s, "exchange_plan", rank_, "send counts");
+    recv_total_ = detail::sum_checked(r, "exchange_plan", rank_, "receive counts");
+    send_displs_ = detail::packed(s);
+    recv_displs_ = detail::packed(r);
+  }
+
+  // The pairwise check: each edge's sender tells its receiver the count it
+  // will send (the receiver compares), and every rank learns the first bad
+  // pair of any rank, so all fail alike. Also fixes the plan id and the
+  // largest block for the schedule choice.
+  template <transport C> void agree(C& c, const options& o) {
+    const char* name = "exchange_plan";
+    // What each destination entry will carry, in its list order.
+    std::vector<std::uint64_t> told(sources_.size(), 0);
+    std::vector<std::uint64_t> mine(send_counts_.begin(), send_counts_.end());
+    std::vector<std::size_t> ones_s(destinations_.size(), 1), ones_r(sources_.size(), 1);
+    const std::vector<std::size_t> ds = detail::packed(ones_s), dr = detail::packed(ones_r);
+    const algo::exchange::layout l{reinterpret_cast<const std::byte*>(mine.data()),
+                                   reinterpret_cast<std::byte*>(told.data()), sizeof(std::uint64_t), ones_s, ds,
+                                   ones_r, dr};
+    constexpr std::int64_t none = std::numeric_limits<std::int64_t>::max();
+    std::int64_t bad[4] = {none, 0, 0, 0}; // (receiver, entry), sender, sent, expected
+    try {
+      agree_counts(c, o, l, told, bad, none);
+    } catch (const error& e) {
+      if (e.op() == name) throw; // the agreed disagreement, the same on every rank
+      // A missing edge leaves a receive waiting (errc::timeout) on one side
+      // and the other side waiting in the agreement: name the likely cause.
+      throw error(e.kind(), name, rank_, e.peer(),
+                  "the ranks could not agree the plan (do their graphs disagree: an edge without its other "
+                  "end?): " + e.reason());
+    }
+  }
+
+  template <transport C>
+  void agree_counts(C& c, const options& o, const algo::exchange::layout& l, const std::vector<std::uint64_t>& told,
+                    std::int64_t (&bad)[4], std::int64_t none) {
+    const char* name = "exchange_plan";
+    {
+      // On its own tag: a rank that finished its part early is already in
+      // the agreement below, whose messages must not meet these receives.
+      const scoped_timeout guard(c, o.timeout);
+      algo::neighbor_exchange::run(c, sources_, destinations_, l, o.tag + 1);
+    }
+    for (std::size_t i = 0; i < sources_.size(); ++i)
+      if (told[i] != recv_counts_[i]) {
+        bad[0] = static_cast<std::int64_t>(rank_) << 32 | static_cast<std::int64_t>(i); // ranks first, then entries
+        bad[1] = sources_[i];
+        bad[2] = static_cast<std::int64_t>(told[i]);
+        bad[3] = static_cast<std::int64_t>(recv_counts_[i]);
+        break;
+      }
+    // Every rank learns the first disagreement (min over the key, then the
+    // owner's details), the largest block and the plan id.
+    // Recursive doubling only (tag o.tag): never the count exchange's tag.
+    const options q{.algo = algorithm::rd, .tag = o.tag, .timeout = o.timeout};
+    std::int64_t key = bad[0];
+    allreduce(c, std::span<std::int64_t>(&key, 1), op::min{}, q);
+    std::int64_t all[5] = {0, 0, 0, 0, 0}; // receiver, sender, sent, expected, largest count
+    if (key != none && key == bad[0]) all[0] = rank_, all[1] = bad[1], all[2] = bad[2], all[3] = bad[3];
+    for (const std::size_t n : send_counts_) all[4] = std::max(all[4], static_cast<std::int64_t>(n));
+    allreduce(c, std::span<std::int64_t>(all, 5), op::max{}, q);
+    // The plan id: the largest of the ranks' hashes of their own counts
+    // (the same on every rank; a rank running another plan shows in run()'s
+    // call check).
+    std::uint64_t h = gradsync::detail::fnv1a(gradsync::detail::fnv_basis, rank_);
+    for (std::size_t i = 0; i < send_counts_.size(); ++i)
+      h = gradsync::detail::fnv1a(gradsync::detail::fnv1a(h, destinations_[i]), send_counts_[i]);
+    const auto id = static_cast<std::int64_t>(h >> 1);
+    std::vector<std::int64_t> ids(1, id);
+    allreduce(c, std::span<std::int64_t>(ids), op::max{}, q);
+    if (key != none)
+      throw error(errc::mismatch, name, rank_, static_cast<int>(all[1]),
+                  "rank " + std::to_string(all[1]) + " sends rank " + std::to_string(all[0]) + " " +
+                      std::to_string(all[2]) + " items but rank " + std::to_string(all[0]) + " expects " +
+                      std::to_string(all[3]));
+    id_ = static_cast<std::uint64_t>(ids[0]);
+    largest_ = static_cast<std::size_t>(all[4]);
+  }
+
+  template <transport C, element T>
+  void go(C& c, std::span<const T> in, std::span<T> out, std::size_t width, bool back) const {
+    const char* name = back ? "exchange_plan::run_back" : "exchange_plan::run";
+    const int r = c.rank();
+    GRADSYNC_REQUIRE(c.size() == ranks_ && r == rank_, name, r,
+                     "the plan was made for rank " + std::to_string(rank_) + " of " + std::to_string(ranks_) +
+                         ", not this communicator");
+    GRADSYNC_REQUIRE(width >= 1, name, r, "width must be >= 1");
+    const scoped_timeout guard(c, timeout_);
+    detail::check_span(in, name, r, "input");
+    detail::check_span(out, name, r, "output");
+    const std::size_t need_in = detail::mul_checked(back ? recv_total_ : send_total_, width, name, r);
+    const std::size_t need_out = detail::mul_checked(back ? send_total_ : recv_total_, width, name, r);
+    GRADSYNC_REQUIRE(in.size() >= need_in && out.size() >= need_out, name, r,
+                     "input holds " + std::to_string(in.size()) + " elements (needs " + std::to_string(need_in) +
+                         "), output " + std::to_string(out.size()) + " (needs " + std::to_string(need_out) + ")");
+    GRADSYNC_REQUIRE(!detail::overlaps(in, out), name, r, "input and output overlap (the exchange is not in place)");
+    const auto& sc = back ? recv_counts_ : send_counts_;
+    const auto& sd = back ? recv_displs_ : send_displs_;
+    const auto& rc = back ? send_counts_ : recv_counts_;
+    const auto& rd = back ? send_displs_ : recv_displs_;
+    const auto& to = back ? sources_ : destinations_;
+    const auto& from = back ? destinations_ : sources_;
+    const algo::exchange::layout l{reinterpret_cast<const std::byte*>(in.data()), reinterpret_cast<std::byte*>(out.data()),
+                                   sizeof(T) * width, sc, sd, rc, rd};
+    const algorithm a = graph_ || algo_ == algorithm::scattered ? algorithm::scattered
+                        : algo_ == algorithm::pairwise          ? algorithm::pairwise
+                                                                : choose<C>(c, largest_ * sizeof(T) * width);
+    call_fingerprint f = detail::fingerprint_of<T, void>(graph_ ? call_kind::neighbor_alltoallv : call_kind::alltoallv,
+                                                         width, a);
+    f.codec = id_ ^ (back ? 1 : 0);
+    options o;
+    o.tag = tag_;
+    o.algo = a;
+    o.timeout = timeout_;
+    detail::run_call(c, name, f, need_in * sizeof(T), o, [&] {
+      if (graph_) algo::neighbor_exchange::run(c, std::span<const int>(from), std::span<const int>(to), l, tag_);
+      else detail::run_exchange(c, a, l, tag_);
+    });
+  }
+
+  template <transport C> algorithm choose(const C& c, std::size_t bytes) const {
+    return detail::selector_of(options{}, false).choose_alltoall(bytes, topology_of(c), false);
+  }
+
+  int ranks_ = 0, rank_ = 0, tag_ = 0;
+  std::chrono::milliseconds timeout_{0};
+  algorithm algo_ = algorithm::automatic;
+  bool graph_ = false;
+  std::vector<int> sources_, destinations_;
+  std::vector<std::size_t> send_counts_, recv_counts_, send_displs_, recv_displs_;
+  std::size_t send_total_ = 0, recv_total_ = 0, largest_ = 0;
+  std::uint64_t id_ = 0;
+};
+
+} // namespace gradsync

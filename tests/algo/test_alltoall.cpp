@@ -1,0 +1,494 @@
+// The exchange family (alltoall.hpp) over inproc ranks: every schedule
+// against a reference built by hand (each element's expected source rank,
+// destination rank and position), ranks 1..16, block lengths 0, 1, odd and
+// large, every dtype, in and out of place; alltoallv with uniform, skewed
+// (Zipf-like), MoE top-k and sparse count matrices, known and learned;
+// neighbour exchange over gossip graphs; plans forwards and backwards; and
+// the failures: bad arguments, counts that disagree between ranks, graphs
+// whose edges lack an end.
+#include <doctest/doctest.h>
+
+#include <gradsync/alltoall.hpp>
+#include <gradsync/transport/inproc.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../transport/rank_pool.hpp"
+
+namespace {
+
+using namespace gradsync;
+using namespace std::chrono_literals;
+using inproc::communicator;
+
+constexpr int sweep_ranks[] = {1, 2, 3, 4, 5, 7, 8, 16};
+constexpr algorithm schedules[] = {algorithm::automatic, algorithm::pairwise, algorithm::scattered, algorithm::bruck};
+
+test::rank_pool& pool_of(int p) {
+  static std::map<int, std::unique_ptr<test::rank_pool>> pools;
+  auto& pool = pools[p];
+  if (!pool) pool = std::make_unique<test::rank_pool>(p);
+  return *pool;
+}
+
+// The value element i of the block rank `src` sends rank `dst` carries:
+// distinct for every (src, dst, i) within what every dtype holds exactly
+// (bf16: integers up to 256).
+long long tag_of(int src, int dst, std::size_t i, int p) {
+  return static_cast<long long>((static_cast<std::size_t>(src * p + dst) * 7 + i * 3) % 251);
+}
+template <class T> T elem(long long v) { return static_cast<T>(static_cast<float>(v)); }
+
+// Runs body on p ranks (threads kept between cases); the first failure,
+// with the rank, comes back as a string ("" when all passed).
+std::string on_ranks(int p, const std::function<void(communicator&, std::string&)>& body) {
+  std::vector<std::string> errs(static_cast<std::size_t>(p));
+  try {
+    pool_of(p).run([&](communicator& c) {
+      c.group().set_timeout(30s);
+      body(c, errs[static_cast<std::size_t>(c.rank())]);
+    });
+  } catch (const std::exception& e) {
+    return std::string("threw: ") + e.what();
+  }
+  for (std::size_t r = 0; r < errs.size(); ++r)
+    if (!errs[r].empty()) return "rank " + std::to_string(r) + ": " + errs[r];
+  return {};
+}
+
+template <class T> void alltoall_sweep(std::size_t block, bool in_place) {
+  for (const int p : sweep_ranks)
+    for (const algorithm a : schedules) {
+      INFO("p=" << p << " block=" << block << " schedule=" << algorithm_name(a) << " in_place=" << in_place
+                << " dtype=" << dtype_name(dtype_traits<T>::id));
+      const std::string err = on_ranks(p, [&](communicator& c, std::string& e) {
+        const int r = c.rank();
+        const std::size_t n = block * static_cast<std::size_t>(p);
+        std::vector<T> in(n), out(n, elem<T>(255));
+        for (int q = 0; q < p; ++q)
+          for (std::size_t i = 0; i < block; ++i) in[static_cast<std::size_t>(q) * block + i] = elem<T>(tag_of(r, q, i, p));
+        options o;
+        o.algo = a;
+        if (in_place) {
+          alltoall(c, std::span<const T>(in), std::span<T>(in), o);
+          out = in;
+        } else {
+          alltoall(c, std::span<const T>(in), std::span<T>(out), o);
+        }
+        for (int q = 0; q < p && e.empty(); ++q)
+          for (std::size_t i = 0; i < block; ++i)
+            if (!(out[static_cast<std::size_t>(q) * block + i] == elem<T>(tag_of(q, r, i, p)))) {
+              e = "element " + std::to_string(i) + " of the block from rank " + std::to_string(q) + " is wrong";
+              break;
+            }
+      });
+      CHECK_MESSAGE(err.empty(), err);
+    }
+}
+
+TEST_CASE("alltoall: every schedule, ranks 1..16, blocks 0, 1, 37, in and out of place, every dtype") {
+  for (const std::size_t block : {std::size_t{0}, std::size_t{1}, std::size_t{37}})
+    for (const bool in_place : {false, true}) {
+      alltoall_sweep<float>(block, in_place);
+      alltoall_sweep<std::int32_t>(block, in_place);
+    }
+  alltoall_sweep<double>(5, false);
+  alltoall_sweep<half>(5, true);
+  alltoall_sweep<bfloat16>(5, false);
+  alltoall_sweep<std::int64_t>(5, true);
+}
+
+TEST_CASE("alltoall: large blocks (256 KiB per peer, past the shm eager limit) on 4 ranks") {
+  const std::size_t block = std::size_t{64} << 10;
+  for (const algorithm a : schedules) {
+    const std::string err = on_ranks(4, [&](communicator& c, std::string& e) {
+      const int r = c.rank();
+      std::vector<float> in(block * 4), out(block * 4);
+      for (int q = 0; q < 4; ++q)
+        for (std::size_t i = 0; i < block; ++i) in[static_cast<std::size_t>(q) * block + i] = float(tag_of(r, q, i, 4));
+      options o;
+      o.algo = a;
+      alltoall(c, std::span<const float>(in), std::span<float>(out), o);
+      for (int q = 0; q < 4 && e.empty(); ++q)
+        for (std::size_t i = 0; i < block; ++i)
+          if (out[static_cast<std::size_t>(q) * block + i] != float(tag_of(q, r, i, 4))) {
+            e = "wrong element from rank " + std::to_string(q);
+            break;
+          }
+    });
+    CHECK_MESSAGE(err.empty(), algorithm_name(a) << ": " << err);
+  }
+}
+
+TEST_CASE("alltoall: the model picks Bruck for small blocks on many ranks, scattered for large ones") {
+  pool_of(16).run([](communicator& c) {
+    CHECK(alltoall_algorithm<float>(c, 1) == algorithm::bruck);
+    CHECK(alltoall_algorithm<float>(c, 1 << 20) == algorithm::scattered);
+  });
+  pool_of(2).run([](communicator& c) { CHECK(alltoall_algorithm<float>(c, 1) != algorithm::bruck); });
+}
+
+// Count matrices: counts(src, dst) for p ranks.
+using matrix = std::function<std::size_t(int, int)>;
+
+std::vector<std::pair<std::string, matrix>> patterns(int p) {
+  std::vector<std::pair<std::string, matrix>> v;
+  v.emplace_back("uniform", [](int, int) { return std::size_t{3}; });
+  v.emplace_back("zeros", [](int, int) { return std::size_t{0}; });
+  v.emplace_back("zipf", [p](int s, int d) { // 1/(1 + distance)^1.2, the largest block 40
+    const int dist = (d - s + p) % p;
+    return static_cast<std::size_t>(40.0 / std::pow(1.0 + dist, 1.2));
+  });
+  v.emplace_back("zero-row", [](int s, int d) { return s == 0 ? std::size_t{0} : std::size_t(1 + (s + d) % 4); });
+  v.emplace_back("sparse", [p](int s, int d) { return (d == (s + 1) % p || d == (s + p - 1) % p) ? std::size_t{5} : 0; });
+  v.emplace_back("moe-top2-of-64", [p](int s, int d) { // 64 experts, 2 per token, 32 tokens per rank
+    std::mt19937 g(static_cast<unsigned>(1234 + s));
+    std::size_t n = 0;
+    for (int t = 0; t < 32; ++t) {
+      const int e1 = static_cast<int>(g() % 64);
+      int e2 = static_cast<int>(g() % 63);
+      if (e2 >= e1) ++e2;
+      n += (e1 % p == d) + (e2 % p == d);
+    }
+    return n;
+  });
+  return v;
+}
+
+template <class T> void alltoallv_sweep(int p, const std::string& name, const matrix& m, algorithm a, bool dynamic) {
+  INFO("p=" << p << " pattern=" << name << " schedule=" << algorithm_name(a) << " dynamic=" << dynamic);
+  const std::string err = on_ranks(p, [&](communicator& c, std::string& e) {
+    const int r = c.rank();
+    const auto np = static_cast<std::size_t>(p);
+    std::vector<std::size_t> sc(np), rc(np);
+    for (int q = 0; q < p; ++q) {
+      sc[static_cast<std::size_t>(q)] = m(r, q);
+      rc[static_cast<std::size_t>(q)] = m(q, r);
+    }
+    std::vector<T> in;
+    for (int q = 0; q < p; ++q)
+      for (std::size_t i = 0; i < sc[static_cast<std::size_t>(q)]; ++i) in.push_back(elem<T>(tag_of(r, q, i, p)));
+    std::size_t total = 0;
+    for (const std::size_t n : rc) total += n;
+    std::vector<T> out(total + 3, elem<T>(255)); // room past the end stays untouched
+    options o;
+    o.algo = a;
+    if (dynamic) {
+      std::vector<std::size_t> learned(np, 99);
+      const std::size_t got = alltoallv_dynamic(c, std::span<const T>(in), sc, std::span<T>(out), std::span<std::size_t>(learned), o);
+      if (got != total) e = "learned a total of " + std::to_string(got) + ", expected " + std::to_string(total);
+      if (learned != rc) e = "learned counts differ from the matrix";
+    } else {
+      alltoallv(c, std::span<const T>(in), sc, std::span<T>(out), rc, o);
+    }
+    std::size_t at = 0;
+    for (int q = 0; q < p && e.empty(); ++q) {
+      for (std::size_t i = 0; i < rc[static_cast<std::size_t>(q)]; ++i)
+        if (!(out[at + i] == elem<T>(tag_of(q, r, i, p)))) {
+          e = "element " + std::to_string(i) + " from rank " + std::to_string(q) + " is wrong";
+          break;
+        }
+      at += rc[static_cast<std::size_t>(q)];
+    }
+    for (std::size_t i = total; i < out.size() && e.empty(); ++i)
+      if (!(out[i] == elem<T>(255))) e = "wrote past the received blocks";
+  });
+  CHECK_MESSAGE(err.empty(), err);
+}
+
+TEST_CASE("alltoallv: uniform, zero, Zipf, zero-row, sparse and MoE count matrices, known and learned counts") {
+  for (const int p : sweep_ranks)
+    for (const auto& [name, m] : patterns(p)) {
+      for (const algorithm a : {algorithm::automatic, algorithm::pairwise, algorithm::scattered})
+        alltoallv_sweep<float>(p, name, m, a, false);
+      alltoallv_sweep<float>(p, name, m, algorithm::automatic, true);
+    }
+  alltoallv_sweep<double>(5, "zipf", patterns(5)[2].second, algorithm::automatic, false);
+  alltoallv_sweep<std::int64_t>(3, "zipf", patterns(3)[2].second, algorithm::automatic, true);
+}
+
+TEST_CASE("alltoallv: explicit displacements (gaps and reversed order) as MPI_Alltoallv") {
+  const std::string err = on_ranks(3, [](communicator& c, std::string& e) {
+    const int r = c.rank();
+    // Rank r sends q+1 elements to q; the receive blocks go in reverse rank
+    // order with a gap of 2 between them.
+    std::vector<std::size_t> sc{1, 2, 3}, sd{0, 1, 3}, rc(3, std::size_t(r + 1)), rd(3);
+    std::size_t at = 0;
+    for (int q = 2; q >= 0; --q) {
+      rd[static_cast<std::size_t>(q)] = at;
+      at += rc[static_cast<std::size_t>(q)] + 2;
+    }
+    std::vector<int> in(6), out(at, -1);
+    for (int q = 0; q < 3; ++q)
+      for (std::size_t i = 0; i < sc[static_cast<std::size_t>(q)]; ++i) in[sd[static_cast<std::size_t>(q)] + i] = int(tag_of(r, q, i, 3));
+    alltoallv(c, std::span<const int>(in), sc, sd, std::span<int>(out), rc, rd);
+    for (int q = 0; q < 3; ++q) {
+      for (std::size_t i = 0; i < rc[static_cast<std::size_t>(q)]; ++i)
+        if (out[rd[static_cast<std::size_t>(q)] + i] != int(tag_of(q, r, i, 3))) e = "wrong element";
+      for (std::size_t g = 0; g < 2; ++g)
+        if (out[rd[static_cast<std::size_t>(q)] + rc[static_cast<std::size_t>(q)] + g] != -1) e = "gap overwritten";
+    }
+  });
+  CHECK_MESSAGE(err.empty(), err);
+}
+
+TEST_CASE("alltoallv_dynamic: into a vector sized by what arrives") {
+  const std::string err = on_ranks(4, [](communicator& c, std::string& e) {
+    const int r = c.rank();
+    std::vector<std::size_t> sc(4), learned(4);
+    std::vector<int> in;
+    for (int q = 0; q < 4; ++q) {
+      sc[static_cast<std::size_t>(q)] = static_cast<std::size_t>(r * q);
+      for (int i = 0; i < r * q; ++i) in.push_back(int(tag_of(r, q, static_cast<std::size_t>(i), 4)));
+    }
+    std::vector<int> out;
+    const std::size_t n = alltoallv_dynamic(c, std::span<const int>(in), sc, out, std::span<std::size_t>(learned));
+    std::size_t want = 0;
+    for (int q = 0; q < 4; ++q) want += static_cast<std::size_t>(q * r);
+    if (n != want || out.size() != want) e = "total " + std::to_string(n) + " expected " + std::to_string(want);
+  });
+  CHECK_MESSAGE(err.empty(), err);
+}
+
+TEST_CASE("neighbor_alltoallv: rings, torus, exponential graph, self edges, uneven counts") {
+  for (const int p : {1, 2, 3, 4, 6, 8, 16}) {
+    std::vector<std::pair<std::string, gossip::graph>> graphs;
+    graphs.emplace_back("ring", gossip::ring(p));
+    graphs.emplace_back("exponential", gossip::exponential(p));
+    if (p == 6) graphs.emplace_back("torus", gossip::torus(2, 3));
+    for (const auto& [name, gr] : graphs) {
+      INFO("p=" << p << " graph=" << name);
+      const std::string err = on_ranks(p, [&](communicator& c, std::string& e) {
+        const int r = c.rank();
+        const neighbors g = neighbors_of(gr.at(0), r);
+        // Edge (s -> d) carries 1 + (s + 2 d) % 5 elements.
+        auto count = [](int s, int d) { return std::size_t(1 + (s + 2 * d) % 5); };
+        std::vector<std::size_t> sc, rc;
+        std::vector<float> in;
+        for (const int d : g.destinations) {
+          sc.push_back(count(r, d));
+          for (std::size_t i = 0; i < sc.back(); ++i) in.push_back(float(tag_of(r, d, i, p)));
+        }
+        std::size_t total = 0;
+        for (const int s : g.sources) total += rc.emplace_back(count(s, r));
+        std::vector<float> out(total, -1);
+        neighbor_alltoallv(c, g, std::span<const float>(in), sc, std::span<float>(out), rc);
+        std::size_t at = 0;
+        for (std::size_t k = 0; k < g.sources.size(); ++k) {
+          for (std::size_t i = 0; i < rc[k]; ++i)
+            if (out[at + i] != float(tag_of(g.sources[k], r, i, p))) e = "wrong element from " + std::to_string(g.sources[k]);
+          at += rc[k];
+        }
+      });
+      CHECK_MESSAGE(err.empty(), err);
+    }
+  }
+  // A self edge is a local copy.
+  const std::string err = on_ranks(2, [](communicator& c, std::string& e) {
+    const int r = c.rank();
+    const neighbors g{{r, 1 - r}, {1 - r, r}};
+    std::vector<int> in{10 * r, 10 * r + 1, 10 * r + 2}, out(3, -1);
+    const std::vector<std::size_t> sc{1, 2}, rc{2, 1};
+    neighbor_alltoallv(c, g, std::span<const int>(in), sc, std::span<int>(out), rc);
+    if (out[0] != 10 * r + 1 || out[1] != 10 * r + 2 || out[2] != 10 * (1 - r)) e = "self edge or peer block wrong";
+  });
+  CHECK_MESSAGE(err.empty(), err);
+}
+
+TEST_CASE("exchange_plan: forwards then backwards restores the input; several dtypes and widths on one plan") {
+  for (const int p : sweep_ranks)
+    for (const auto& [name, m] : patterns(p)) {
+      INFO("p=" << p << " pattern=" << name);
+      const std::string err = on_ranks(p, [&](communicator& c, std::string& e) {
+        const int r = c.rank();
+        std::vector<std::size_t> sc, rc;
+        for (int q = 0; q < p; ++q) {
+          sc.push_back(m(r, q));
+          rc.push_back(m(q, r));
+        }
+        const exchange_plan plan(c, sc, rc);
+        for (const std::size_t width : {std::size_t{1}, std::size_t{4}}) {
+          std::vector<float> tokens(plan.send_items() * width), got(plan.recv_items() * width),
+              back(plan.send_items() * width);
+          std::size_t at = 0;
+          for (int q = 0; q < p; ++q)
+            for (std::size_t i = 0; i < sc[static_cast<std::size_t>(q)] * width; ++i) tokens[at++] = float(tag_of(r, q, i, p));
+          plan.run(c, std::span<const float>(tokens), std::span<float>(got), width);
+          at = 0;
+          for (int q = 0; q < p && e.empty(); ++q)
+            for (std::size_t i = 0; i < rc[static_cast<std::size_t>(q)] * width; ++i)
+              if (got[at++] != float(tag_of(q, r, i, p))) {
+                e = "forward: wrong element from rank " + std::to_string(q);
+                break;
+              }
+          plan.run_back(c, std::span<const float>(got), std::span<float>(back), width);
+          if (back != tokens) e = "backward did not return every token to its sender";
+        }
+        std::vector<std::int32_t> idx(plan.send_items()), idx_out(plan.recv_items());
+        for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<std::int32_t>(i + 1000u * static_cast<unsigned>(r));
+        plan.run(c, std::span<const std::int32_t>(idx), std::span<std::int32_t>(idx_out));
+      });
+      CHECK_MESSAGE(err.empty(), err);
+    }
+}
+
+TEST_CASE("exchange_plan: a graph plan over a directed ring, forwards and backwards") {
+  for (const int p : {2, 3, 5}) {
+    const std::string err = on_ranks(p, [&](communicator& c, std::string& e) {
+      const int r = c.rank();
+      const neighbors g{{(r + p - 1) % p}, {(r + 1) % p}};
+      const std::vector<std::size_t> sc{std::size_t(r + 1)}, rc{std::size_t((r + p - 1) % p + 1)};
+      const exchange_plan plan(c, g, sc, rc);
+      std::vector<double> x(sc[0], double(r)), y(rc[0]), z(sc[0]);
+      plan.run(c, std::span<const double>(x), std::span<double>(y));
+      for (const double v : y)
+        if (v != double((r + p - 1) % p)) e = "forward wrong";
+      plan.run_back(c, std::span<const double>(y), std::span<double>(z));
+      if (z != x) e = "backward wrong";
+    });
+    CHECK_MESSAGE(err.empty(), err);
+  }
+}
+
+// Runs body on p fresh ranks; every rank must fail with an error of `kind`
+// whose text contains `part`.
+void expect_all_fail(int p, errc kind, const std::string& part, const std::function<void(communicator&)>& body) {
+  std::vector<std::string> what(static_cast<std::size_t>(p));
+  std::vector<int> kinds(static_cast<std::size_t>(p), -1);
+  try {
+    inproc::run(p, [&](communicator& c) {
+      c.group().set_timeout(5s);
+      try {
+        body(c);
+      } catch (const error& e) {
+        what[static_cast<std::size_t>(c.rank())] = e.what();
+        kinds[static_cast<std::size_t>(c.rank())] = static_cast<int>(e.kind());
+      }
+    });
+  } catch (const std::exception& e) {
+    FAIL("inproc::run threw: " << e.what());
+  }
+  for (int r = 0; r < p; ++r) {
+    INFO("rank " << r << ": " << what[static_cast<std::size_t>(r)]);
+    CHECK(kinds[static_cast<std::size_t>(r)] == static_cast<int>(kind));
+    CHECK(what[static_cast<std::size_t>(r)].find(part) != std::string::npos);
+  }
+}
+
+TEST_CASE("alltoall(v): bad arguments fail with the operation, rank and reason") {
+  inproc::run(3, [](communicator& c) {
+    std::vector<float> a(7), b(7), six(6);
+    CHECK_THROWS_WITH_AS(alltoall(c, std::span<const float>(a), std::span<float>(b)),
+                         doctest::Contains("does not split into 3 equal blocks"), error);
+    CHECK_THROWS_WITH_AS(alltoall(c, std::span<const float>(six), std::span<float>(b)),
+                         doctest::Contains("input holds 6 elements, output 7"), error);
+    std::vector<std::size_t> two{1, 1}, three{1, 1, 1}, big{1, 1, 9};
+    CHECK_THROWS_WITH_AS(alltoallv(c, std::span<const float>(six), two, std::span<float>(b), three),
+                         doctest::Contains("2 send and 3 receive counts for 3 ranks"), error);
+    CHECK_THROWS_WITH_AS(alltoallv(c, std::span<const float>(six), big, std::span<float>(b), three),
+                         doctest::Contains("outside the buffer"), error);
+    std::vector<std::size_t> rd{0, 0, 1}; // blocks 0 and 1 overlap
+    CHECK_THROWS_WITH_AS(alltoallv(c, std::span<const float>(six), three, three, std::span<float>(b), three, rd),
+                         doctest::Contains("overlap"), error);
+    options o;
+    o.algo = algorithm::bruck;
+    CHECK_THROWS_WITH_AS(alltoallv(c, std::span<const float>(six), three, std::span<float>(b), three, o),
+                         doctest::Contains("not available for alltoallv"), error);
+    CHECK_THROWS_WITH_AS(alltoallv(c, std::span<const float>(six), three, std::span<float>(six), three),
+                         doctest::Contains("overlap"), error);
+    const neighbors g{{5}, {1}};
+    CHECK_THROWS_WITH_AS(neighbor_alltoallv(c, g, std::span<const float>(six), std::span<const std::size_t>(two).first(1), std::span<float>(b), std::span<const std::size_t>(two).first(1)),
+                         doctest::Contains("source 5 out of range"), error);
+  });
+}
+
+TEST_CASE("alltoallv: a count that disagrees with the peer's fails both ranks of the pair (errc::mismatch)") {
+  for (const std::size_t base : {std::size_t{0}, std::size_t{2}, std::size_t{1} << 16}) {
+    INFO("base count " << base);
+    expect_all_fail(2, errc::mismatch, "mismatch", [&](communicator& c) {
+      const int r = c.rank();
+      std::vector<std::size_t> sc(2, base), rc(2, base);
+      if (r == 1) sc[0] = base + 1; // rank 0 expects base from rank 1
+      std::vector<float> in(2 * base + 1), out(2 * base + 1);
+      alltoallv(c, std::span<const float>(in), sc, std::span<float>(out), rc);
+    });
+  }
+}
+
+TEST_CASE("alltoall: ranks that disagree on the block length or the dtype fail alike at every size") {
+  for (const std::size_t n : {std::size_t{1}, std::size_t{512}, std::size_t{131072}}) {
+    INFO("block " << n);
+    expect_all_fail(3, errc::mismatch, "alltoall", [&](communicator& c) {
+      const std::size_t block = c.rank() == 2 ? n + 1 : n;
+      std::vector<float> in(3 * block), out(3 * block);
+      alltoall(c, std::span<const float>(in), std::span<float>(out));
+    });
+    expect_all_fail(2, errc::mismatch, "alltoall", [&](communicator& c) {
+      if (c.rank() == 0) {
+        std::vector<float> in(2 * n), out(2 * n);
+        alltoall(c, std::span<const float>(in), std::span<float>(out));
+      } else {
+        std::vector<std::int32_t> in(2 * n), out(2 * n);
+        alltoall(c, std::span<const std::int32_t>(in), std::span<std::int32_t>(out));
+      }
+    });
+  }
+}
+
+TEST_CASE("exchange_plan: counts that disagree pairwise fail every rank with the same message") {
+  std::vector<std::string> msgs(3);
+  inproc::run(3, [&](communicator& c) {
+    c.group().set_timeout(5s);
+    const int r = c.rank();
+    std::vector<std::size_t> sc(3, 2), rc(3, 2);
+    if (r == 2) rc[1] = 3; // rank 1 sends rank 2 two items, rank 2 expects three
+    try {
+      exchange_plan plan(c, sc, rc);
+    } catch (const error& e) {
+      CHECK(e.kind() == errc::mismatch);
+      msgs[static_cast<std::size_t>(r)] = e.reason();
+    }
+  });
+  CHECK(msgs[0] == "rank 1 sends rank 2 2 items but rank 2 expects 3");
+  CHECK(msgs[1] == msgs[0]);
+  CHECK(msgs[2] == msgs[0]);
+}
+
+TEST_CASE("exchange_plan: a graph edge without its other end fails within the timeout, naming the graphs") {
+  expect_all_fail(2, errc::timeout, "could not agree the plan", [](communicator& c) {
+    c.group().set_timeout(300ms);
+    const int r = c.rank();
+    // Rank 0 expects a message from 1; rank 1 sends nothing.
+    const neighbors g = r == 0 ? neighbors{{1}, {}} : neighbors{{}, {}};
+    const std::vector<std::size_t> sc, rc = r == 0 ? std::vector<std::size_t>{1} : std::vector<std::size_t>{};
+    exchange_plan plan(c, g, sc, rc);
+  });
+}
+
+TEST_CASE("alltoallv_dynamic: an output too small names the size needed; the senders fail too") {
+  std::vector<std::string> what(2);
+  inproc::run(2, [&](communicator& c) {
+    c.group().set_timeout(5s);
+    const int r = c.rank();
+    std::vector<std::size_t> sc{3, 3}, learned(2);
+    std::vector<float> in(6), out(r == 0 ? 4 : 6);
+    try {
+      alltoallv_dynamic(c, std::span<const float>(in), sc, std::span<float>(out), std::span<std::size_t>(learned));
+    } catch (const error& e) {
+      what[static_cast<std::size_t>(r)] = e.what();
+    }
+  });
+  CHECK(what[0].find("receives 6 elements but the output holds 4") != std::string::npos);
+  CHECK(!what[1].empty());
+}
+
+} // namespace
