@@ -1284,3 +1284,57 @@ TEST_CASE("shm: GRADSYNC_TIMELINE writes one trace per rank process (.rank<r>), 
   std::error_code ec;
   fs::remove_all(dir, ec);
 }
+
+// ---- alltoall.hpp over shm: eager and rendezvous blocks, every schedule ------
+
+#include <gradsync/alltoall.hpp>
+
+TEST_CASE("shm: alltoall, alltoallv (known and learned) and a plan on 2..4 ranks, eager and rendezvous blocks") {
+  for (int p = 2; p <= 4; ++p) {
+    CAPTURE(p);
+    auto res = spawn(p, [p](communicator& c) {
+      const int r = c.rank();
+      auto value = [p](int src, int dst, std::size_t i) {
+        return static_cast<int>((static_cast<std::size_t>(src * p + dst) * 7 + i * 3) % 251);
+      };
+      // 3 elements (eager) and 40 000 (160 KB: rendezvous) per peer.
+      for (const std::size_t block : {std::size_t{3}, std::size_t{40000}})
+        for (const auto a : {gradsync::algorithm::pairwise, gradsync::algorithm::scattered,
+                             gradsync::algorithm::bruck, gradsync::algorithm::automatic}) {
+          std::vector<int> in(block * static_cast<std::size_t>(p)), out(in.size());
+          for (int q = 0; q < p; ++q)
+            for (std::size_t i = 0; i < block; ++i) in[static_cast<std::size_t>(q) * block + i] = value(r, q, i);
+          gradsync::options o;
+          o.algo = a;
+          gradsync::alltoall(c, std::span<const int>(in), std::span<int>(out), o);
+          for (int q = 0; q < p; ++q)
+            for (std::size_t i = 0; i < block; ++i)
+              expect(out[static_cast<std::size_t>(q) * block + i] == value(q, r, i), "alltoall", "");
+        }
+      // Uneven: rank s sends d (s + d) * 5000 elements (0 to 30 000).
+      std::vector<std::size_t> sc, rc;
+      std::vector<int> in;
+      for (int q = 0; q < p; ++q) {
+        sc.push_back(static_cast<std::size_t>(r + q) * 5000);
+        rc.push_back(static_cast<std::size_t>(q + r) * 5000);
+        for (std::size_t i = 0; i < sc.back(); ++i) in.push_back(value(r, q, i));
+      }
+      std::size_t total = 0;
+      for (const auto n : rc) total += n;
+      std::vector<int> out(total), dyn;
+      gradsync::alltoallv(c, std::span<const int>(in), sc, std::span<int>(out), rc);
+      std::vector<std::size_t> learned(static_cast<std::size_t>(p));
+      gradsync::alltoallv_dynamic(c, std::span<const int>(in), sc, dyn, std::span<std::size_t>(learned));
+      expect(dyn == out && learned == rc, "alltoallv_dynamic equals alltoallv");
+      std::size_t at = 0;
+      for (int q = 0; q < p; ++q)
+        for (std::size_t i = 0; i < rc[static_cast<std::size_t>(q)]; ++i) expect(out[at++] == value(q, r, i), "alltoallv", "");
+      const gradsync::exchange_plan plan(c, sc, rc);
+      std::vector<int> fwd(total), back(in.size());
+      plan.run(c, std::span<const int>(in), std::span<int>(fwd));
+      plan.run_back(c, std::span<const int>(fwd), std::span<int>(back));
+      expect(fwd == out && back == in, "plan forwards and backwards");
+    }, 90s);
+    check_all_ok(res);
+  }
+}
