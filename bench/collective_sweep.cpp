@@ -18,6 +18,7 @@
 #include <gradsync/compressed.hpp>
 
 #include "collective.hpp"
+#include "timing.hpp"
 #include "transports.hpp"
 
 #ifndef GRADSYNC_BENCH_ELEMENT
@@ -225,30 +226,6 @@ long long count_wrong(coll k, const T* in, const T* out, const shape& s, int r, 
   return wrong;
 }
 
-// Seconds per call: the timed iterations run in `timing_batches` batches
-// (fewer when there are fewer iterations); a batch's time is its mean per
-// call, the maximum over ranks (the slowest rank bounds a training step);
-// the row reports the median batch. On a shared VM one preemption inflates a
-// whole mean by tens of percent; the median keeps it out of the row, while
-// each batch is still a mean over back-to-back calls as nccl-tests times.
-constexpr int timing_batches = 5;
-
-template <transport C, class F> double time_calls(C& c, F& call, const iteration_plan& pl) {
-  barrier(c);
-  for (int i = 0; i < pl.warmup; ++i) call();
-  const int batches = std::min(timing_batches, pl.iters);
-  std::vector<double> t(static_cast<std::size_t>(batches));
-  for (int b = 0; b < batches; ++b) {
-    const int n = pl.iters / batches + (b < pl.iters % batches ? 1 : 0);
-    barrier(c);
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < n; ++i) call();
-    t[static_cast<std::size_t>(b)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / n;
-  }
-  allreduce(c, std::span<double>(t), op::max{});
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
 
 // The shared buffer type of C's alloc_shared, or no_shared.
 struct no_shared {};

@@ -23,6 +23,8 @@
   X("reduce", collective_main, "reduce to rank 0 (busbw 1)")                                      \
   X("compress", compress_main, "gradient codecs: encode/decode GB/s, ratio, error vs memcpy")      \
   X("fusion", fusion_main, "tensor fusion: many tensors fused (engine, grouped) vs one allreduce each") \
+  X("alltoall", alltoall_main, "alltoall: block q of rank r goes to rank q (busbw (n-1)/n); -a native: MPI_Alltoall") \
+  X("alltoallv", alltoall_main, "alltoallv: per-peer counts (--pattern uniform|skewed|moe|sparse, --dynamic)") \
   GRADSYNC_BENCH_GOSSIP(X)
 #endif
 

@@ -46,6 +46,15 @@ if command -v mpiexec >/dev/null && "$bench" allreduce --help 2>/dev/null | grep
   for c in reduce_scatter allgather broadcast; do
     run mpiexec -n 2 "$bench" "$c" -t mpi -a auto,native -b 8 -e 64M -f 16 -c 1 --json "$out/mpi-$c.json"
   done
+  # Exchange (issue 29): alltoall and alltoallv (MoE-like counts, learned
+  # counts beside known ones) over shm and MPI, MPI_Alltoall(v) in the same run.
+  for t in shm mpi; do
+    run mpiexec -n 2 "$bench" alltoall -t "$t" -a "auto,pairwise,scattered,bruck$([ "$t" = mpi ] && echo ,native)" \
+      -b 8 -e 16M -f 4 -c 1 --json "$out/$t-alltoall.json"
+    run mpiexec -n 2 "$bench" alltoallv -t "$t" --pattern skewed --dynamic \
+      -a "auto$([ "$t" = mpi ] && echo ,native)" -b 8 -e 16M -f 4 -c 1 --json "$out/$t-alltoallv.json"
+  done
+  checked+=("$out"/shm-alltoall.json "$out"/mpi-alltoall.json "$out"/shm-alltoallv.json "$out"/mpi-alltoallv.json)
   # Cliff sweep (issue 32): every collective and schedule over shm, 1 MiB to
   # 256 MiB, twice; bench/cliff_check.py below prints any size where busbw
   # drops > 30 % from the size before, or between the two runs.

@@ -110,7 +110,7 @@ template <transport C> algorithm v_schedule(const C& c, std::size_t largest_byte
   GRADSYNC_REQUIRE(o.algo == algorithm::automatic, op, c.rank(),
                    "algorithm '" + std::string(algorithm_name(o.algo)) + "' is not available for " + op +
                        " (pairwise, scattered, auto)");
-  return selector_of(o, false).choose_alltoall(largest_bytes, topology_of(c, o), false);
+  return selector_for<C>(o).choose_alltoall(largest_bytes, topology_of(c, o), false);
 }
 
 template <transport C> void run_exchange(C& c, algorithm a, const algo::exchange::layout& l, int tag) {
@@ -125,7 +125,7 @@ template <transport C> void run_exchange(C& c, algorithm a, const algo::exchange
 /// by the cost model (GRADSYNC_ALGO may pin one per block size in bytes).
 template <element T, transport C> algorithm alltoall_algorithm(const C& c, std::size_t block, const options& o = {}) {
   if (o.algo != algorithm::automatic) return o.algo;
-  return detail::selector_of(o, false).choose_alltoall(block * sizeof(T), topology_of(c, o), true);
+  return detail::selector_for<C>(o).choose_alltoall(block * sizeof(T), topology_of(c, o), true);
 }
 
 /// Scratch bytes `alltoall` needs for blocks of `block` elements (pass at
@@ -609,7 +609,7 @@ private:
   }
 
   template <transport C> algorithm choose(const C& c, std::size_t bytes) const {
-    return detail::selector_of(options{}, false).choose_alltoall(bytes, topology_of(c), false);
+    return detail::selector_for<C>(options{}).choose_alltoall(bytes, topology_of(c), false);
   }
 
   int ranks_ = 0, rank_ = 0, tag_ = 0;

@@ -252,9 +252,11 @@ struct cost_model {
   /// in flight: the same (alpha is mostly per-message software cost, which
   /// a window does not overlap), a hair cheaper so ties go to it; `bruck` (equal blocks only) ceil(log2 p) rounds of up to ceil(p/2)
   /// packed blocks plus three local passes over the p blocks (rotate, pack,
-  /// unrotate) at the link's per-byte cost. Infinity for anything else.
-  static double exchange(algorithm a, double m, int p, const link_cost& l, int window) {
+  /// unrotate) at memcpy speed (arena.copy). Infinity for anything else.
+  double exchange(algorithm a, double m, const topology& t, int window = policy::alltoall_window) const {
+    const int p = t.ranks;
     if (p <= 1) return 0;
+    const link_cost& l = flat_link(t);
     switch (a) {
     case algorithm::pairwise: return (p - 1) * (l.alpha + l.beta * m);
     case algorithm::scattered: {
@@ -268,7 +270,7 @@ struct cost_model {
     }
     case algorithm::bruck: {
       const double rounds = std::bit_width(static_cast<unsigned>(p) - 1);
-      return rounds * (l.alpha + l.beta * m * std::ceil(p / 2.0)) + 3.0 * p * m * l.beta;
+      return rounds * (l.alpha + l.beta * m * std::ceil(p / 2.0)) + 3.0 * p * m * arena.copy;
     }
     default: return std::numeric_limits<double>::infinity();
     }
@@ -472,13 +474,11 @@ public:
   algorithm choose_alltoall(std::size_t m, const topology& t, bool equal) const {
     if (const auto a = pinned(m); a == algorithm::pairwise || a == algorithm::scattered || (equal && a == algorithm::bruck))
       return a;
-    const link_cost& l = model_.flat_link(t);
     algorithm best = algorithm::scattered;
-    double cost = cost_model::exchange(best, static_cast<double>(m), t.ranks, l, policy::alltoall_window);
+    double cost = model_.exchange(best, static_cast<double>(m), t);
     for (auto a : {algorithm::pairwise, algorithm::bruck}) {
       if (a == algorithm::bruck && !equal) continue;
-      if (const double c = cost_model::exchange(a, static_cast<double>(m), t.ranks, l, policy::alltoall_window);
-          c < cost * (1 - 1e-9)) {
+      if (const double c = model_.exchange(a, static_cast<double>(m), t); c < cost * (1 - 1e-9)) {
         best = a;
         cost = c;
       }
