@@ -208,13 +208,6 @@ inline options options_of(const sweep_case& k) {
 
 template <class T> std::span<const T> cspan(const std::vector<T>& v) { return std::span<const T>(v); }
 
-// The ranks of every case with p ranks (threads kept between cases).
-inline rank_pool& pool_of(int p) {
-  static std::map<int, std::unique_ptr<rank_pool>> pools;
-  auto& pool = pools[p];
-  if (!pool) pool = std::make_unique<rank_pool>(p);
-  return *pool;
-}
 
 // Runs one case on k.ranks inproc ranks. `body(c, r, o, result, err)` runs
 // the collective on rank r, leaves the bytes to compare across ranks in

@@ -33,12 +33,7 @@ using inproc::communicator;
 constexpr int sweep_ranks[] = {1, 2, 3, 4, 5, 7, 8, 16};
 constexpr algorithm schedules[] = {algorithm::automatic, algorithm::pairwise, algorithm::scattered, algorithm::bruck};
 
-test::rank_pool& pool_of(int p) {
-  static std::map<int, std::unique_ptr<test::rank_pool>> pools;
-  auto& pool = pools[p];
-  if (!pool) pool = std::make_unique<test::rank_pool>(p);
-  return *pool;
-}
+using test::pool_of;
 
 // The value element i of the block rank `src` sends rank `dst` carries:
 // distinct for every (src, dst, i) within what every dtype holds exactly

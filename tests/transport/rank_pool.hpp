@@ -16,6 +16,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -129,5 +130,14 @@ private:
   bool stop_ = false;
   std::vector<std::jthread> threads_;
 };
+
+/// The pool of p ranks every test of this executable shares (threads kept
+/// between cases).
+inline rank_pool& pool_of(int p) {
+  static std::map<int, std::unique_ptr<rank_pool>> pools;
+  auto& pool = pools[p];
+  if (!pool) pool = std::make_unique<rank_pool>(p);
+  return *pool;
+}
 
 } // namespace gradsync::test
