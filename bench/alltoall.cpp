@@ -1,7 +1,8 @@
 // gradsync-bench alltoall | alltoallv: times gradsync's exchanges
 // (alltoall.hpp) one row per size and schedule (-a auto, pairwise,
-// scattered, bruck; native: MPI_Alltoall / MPI_Alltoallv in the same run,
-// -t mpi only, listed by default there) and checks every received element.
+// scattered, bruck; direct: through the shared arena, -t shm only; native:
+// MPI_Alltoall / MPI_Alltoallv in the same run, -t mpi only, listed by
+// default there) and checks every received element.
 //
 // Sizes (-b -e -f) are bytes PER PEER: the block a rank sends each
 // destination (alltoallv: the largest block; moe: the mean block).
@@ -98,7 +99,10 @@ struct config {
 };
 
 std::vector<algo_choice> parse_algos(std::string_view list, const config& cfg) {
-  const std::string mine = cfg.v ? "auto, pairwise, scattered, native" : "auto, pairwise, scattered, bruck, native";
+  // direct: the shared-memory arena's schedule (algo/alltoall_direct.hpp), shm only.
+  const bool arena = cfg.transport == "shm";
+  const std::string mine = std::string(cfg.v ? "auto, pairwise, scattered" : "auto, pairwise, scattered, bruck") +
+                           (arena ? ", direct" : "") + ", native";
   std::vector<algo_choice> out;
   for (const std::string& name : split_commas(list)) {
     if (name.empty()) throw std::invalid_argument("-a '" + std::string(list) + "' has an empty entry");
@@ -114,7 +118,7 @@ std::vector<algo_choice> parse_algos(std::string_view list, const config& cfg) {
       c.native = true;
     } else if (!parse_algorithm(name, c.a) ||
                !(c.a == algorithm::automatic || c.a == algorithm::pairwise || c.a == algorithm::scattered ||
-                 (!cfg.v && c.a == algorithm::bruck))) {
+                 (!cfg.v && c.a == algorithm::bruck) || (arena && c.a == algorithm::direct))) {
       throw std::invalid_argument("-a: '" + name + "' is not a schedule of " + cfg.name + " (known: " + mine +
                                   (cfg.v && name == "bruck" ? "; bruck needs equal blocks: alltoall only" : "") + ")");
     }
@@ -483,8 +487,7 @@ std::int64_t sweep(C& c, const config& cfg, const selector& sel, report& rep) {
       }
       if (cfg.v) {
         // Each rank's own pick (as alltoallv makes it) and whether all agree.
-        const algorithm mine =
-            a.a == algorithm::automatic ? sel.choose_alltoall(largest_mine * sizeof(T), topo, false) : a.a;
+        const algorithm mine = alltoallv_algorithm(c, largest_mine * sizeof(T), o);
         const std::string picked = agreed_name(c, mine);
         auto call = [&] { alltoallv<C, T>(c, cin, send, cout, recv, o); };
         run_row(a.name, picked, picked.find('|') == std::string::npos ? model_of(mine) : std::nullopt, call, false);
@@ -495,11 +498,12 @@ std::int64_t sweep(C& c, const config& cfg, const selector& sel, report& rep) {
       }
     }
     if (cfg.dynamic) {
-      // Learned counts: gradsync's alltoallv_dynamic (scattered, the counts
-      // beside the data), and with native listed MPI's two calls.
+      // Learned counts: gradsync's alltoallv_dynamic (direct on a shared
+      // arena, the counts in its first round's headers; else scattered, the
+      // counts beside the data), and with native listed MPI's two calls.
       const options o{.select = &sel};
       auto call = [&] { alltoallv_dynamic<C, T>(c, cin, send, cout, std::span<std::size_t>(learned), o); };
-      run_row("dynamic", "scattered", std::nullopt, call, true);
+      run_row("dynamic", shared_arena<C> ? "direct" : "scattered", std::nullopt, call, true);
 #if defined(GRADSYNC_BENCH_MPI)
       if constexpr (std::is_same_v<C, mpi::communicator>)
         if (std::any_of(cfg.algos.begin(), cfg.algos.end(), [](const algo_choice& a) { return a.native; })) {
@@ -620,7 +624,7 @@ int alltoall_main(std::string_view name, int argc, char** argv) {
   app.add_option("-a,--algo", algos,
                  std::string("comma list of schedules, one row each per size: auto pairwise scattered ") +
                      (cfg.v ? "" : "bruck ") +
-                     "native (native: MPI_" + (cfg.v ? "Alltoallv" : "Alltoall") +
+                     "direct native (direct: through the shared arena, -t shm only; native: MPI_" + (cfg.v ? "Alltoallv" : "Alltoall") +
                      ", -t mpi only; default: auto, and auto,native on -t mpi)");
   app.add_option("-d,--datatype", dt, "element type (one per element size: the exchanges move bytes)")
       ->capture_default_str()

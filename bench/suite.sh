@@ -49,7 +49,7 @@ if command -v mpiexec >/dev/null && "$bench" allreduce --help 2>/dev/null | grep
   # Exchange (issue 29): alltoall and alltoallv (MoE-like counts, learned
   # counts beside known ones) over shm and MPI, MPI_Alltoall(v) in the same run.
   for t in shm mpi; do
-    run mpiexec -n 2 "$bench" alltoall -t "$t" -a "auto,pairwise,scattered,bruck$([ "$t" = mpi ] && echo ,native)" \
+    run mpiexec -n 2 "$bench" alltoall -t "$t" -a "auto,pairwise,scattered,bruck$([ "$t" = mpi ] && echo ,native || echo ,direct)" \
       -b 8 -e 16M -f 4 -c 1 --json "$out/$t-alltoall.json"
     run mpiexec -n 2 "$bench" alltoallv -t "$t" --pattern skewed --dynamic \
       -a "auto$([ "$t" = mpi ] && echo ,native)" -b 8 -e 16M -f 4 -c 1 --json "$out/$t-alltoallv.json"

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "algo/alltoall_bruck.hpp"
+#include "algo/alltoall_direct.hpp"
 #include "algo/alltoall_pairwise.hpp"
 #include "algo/alltoall_scattered.hpp"
 #include "algo/exchange.hpp"
@@ -105,17 +106,35 @@ template <class T, class U> bool overlaps(std::span<T> a, std::span<U> b) {
 // call's own choice (pairwise and scattered exchange the same messages, so
 // ranks may pick differently by their own largest block without breaking the
 // matching), or the forced one.
+// On a shared arena `automatic` is always `direct`, whatever the sizes: the
+// arena's rounds involve every rank, so all must take it, and a choice by
+// each rank's own largest block could split them.
 template <transport C> algorithm v_schedule(const C& c, std::size_t largest_bytes, const options& o, const char* op) {
   if (o.algo == algorithm::pairwise || o.algo == algorithm::scattered) return o.algo;
+  if (o.algo == algorithm::direct && shared_arena<C>) return o.algo;
   GRADSYNC_REQUIRE(o.algo == algorithm::automatic, op, c.rank(),
                    "algorithm '" + std::string(algorithm_name(o.algo)) + "' is not available for " + op +
-                       " (pairwise, scattered, auto)");
+                       (shared_arena<C> ? " (pairwise, scattered, direct, auto)" : " (pairwise, scattered, auto)"));
+  if constexpr (shared_arena<C>) return algorithm::direct;
   return selector_for<C>(o).choose_alltoall(largest_bytes, topology_of(c, o), false);
 }
 
-template <transport C> void run_exchange(C& c, algorithm a, const algo::exchange::layout& l, int tag) {
+// Runs exchange `l` by `a` (pairwise, scattered, or direct on a shared
+// arena); `block_bytes`: an alltoall's equal block (0 for alltoallv).
+template <transport C>
+void run_exchange(C& c, algorithm a, const algo::exchange::layout& l, int tag, const char* name,
+                  std::uint64_t block_bytes = 0) {
+  if constexpr (shared_arena<C>) {
+    if (a == algorithm::direct) return algo::alltoall_direct::run(c, l, block_bytes, name);
+  }
   if (a == algorithm::pairwise) algo::alltoall_pairwise::run(c, l, tag);
   else algo::alltoall_scattered::run(c, l, tag);
+}
+
+// Whether `a` can run an exchange on C.
+template <transport C> constexpr bool exchange_schedule(algorithm a, bool equal) {
+  return a == algorithm::pairwise || a == algorithm::scattered || (equal && a == algorithm::bruck) ||
+         (shared_arena<C> && a == algorithm::direct);
 }
 
 } // namespace detail
@@ -128,6 +147,15 @@ template <element T, transport C> algorithm alltoall_algorithm(const C& c, std::
   return detail::selector_for<C>(o).choose_alltoall(block * sizeof(T), topology_of(c, o), true);
 }
 
+/// The schedule `alltoallv` runs on this rank when its largest block (sent
+/// or received) is `largest_bytes`: o.algo, or for `automatic` `direct` on a
+/// shared arena (every rank must take it) and elsewhere the cheapest of
+/// pairwise and scattered by the cost model (ranks may differ: the two
+/// exchange the same messages).
+template <transport C> algorithm alltoallv_algorithm(const C& c, std::size_t largest_bytes, const options& o = {}) {
+  return detail::v_schedule(c, largest_bytes, o, "alltoallv");
+}
+
 /// Scratch bytes `alltoall` needs for blocks of `block` elements (pass at
 /// least this much as o.workspace to avoid a per-call allocation): Bruck's
 /// rotation and packing buffers, or for an in-place call of the other
@@ -136,7 +164,9 @@ template <element T, transport C>
 std::size_t alltoall_workspace_bytes(const C& c, std::size_t block, const options& o = {}, bool in_place = false) {
   const std::size_t b = block * sizeof(T);
   if (alltoall_algorithm<T>(c, block, o) == algorithm::bruck) return algo::alltoall_bruck::scratch_bytes(c.size(), b);
-  return in_place && c.size() > 1 ? b * static_cast<std::size_t>(c.size()) : 0;
+  return in_place && c.size() > 1 && alltoall_algorithm<T>(c, block, o) != algorithm::direct
+             ? b * static_cast<std::size_t>(c.size())
+             : 0;
 }
 
 /// Alltoall: `in` and `out` hold size() blocks of equal length; block q of
@@ -160,7 +190,7 @@ void alltoall(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> ou
   detail::check_tag(o.tag, name, r);
   const std::size_t block = in.size() / static_cast<std::size_t>(p);
   const algorithm a = alltoall_algorithm<T>(c, block, o);
-  if (a != algorithm::pairwise && a != algorithm::scattered && a != algorithm::bruck) detail::unsupported(name, r, a);
+  if (!detail::exchange_schedule<C>(a, true)) detail::unsupported(name, r, a);
   exec::host ex;
   auto ws = ex.template scratch<std::byte>(o.workspace, alltoall_workspace_bytes<T>(c, block, o, in_place), name, r);
   detail::run_call(c, name, detail::fingerprint_of<T, void>(call_kind::alltoall, block, a), in.size_bytes(), o, [&] {
@@ -171,14 +201,14 @@ void alltoall(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> ou
       algo::alltoall_bruck::run(c, src, dst, bytes, o.tag, ws.data());
       return;
     }
-    if (in_place && p > 1) {
+    if (in_place && p > 1 && a != algorithm::direct) { // direct stages each range before it lands
       std::memcpy(ws.data(), src, in.size_bytes());
       src = ws.data();
     }
     const std::vector<std::size_t> counts(static_cast<std::size_t>(p), block);
     const std::vector<std::size_t> displs = detail::packed(counts);
     const algo::exchange::layout l{src, dst, sizeof(T), counts, displs, counts, displs};
-    detail::run_exchange(c, a, l, o.tag);
+    detail::run_exchange(c, a, l, o.tag, name, bytes);
   });
 }
 
@@ -211,14 +241,16 @@ void alltoallv(C& c, std::type_identity_t<std::span<const T>> in, std::span<cons
   std::size_t largest = 0;
   for (std::size_t q = 0; q < p; ++q) largest = std::max({largest, send_counts[q], recv_counts[q]});
   const algorithm a = detail::v_schedule(c, largest * sizeof(T), o, name);
-  // The fingerprint names the forced schedule, or `automatic`: each rank's
-  // own pick is wire-compatible with its peers'.
-  detail::run_call(c, name, detail::fingerprint_of<T, void>(call_kind::alltoallv, 0, o.algo), in.size_bytes(), o,
-                   [&] {
+  // The fingerprint names the forced schedule, `direct` (every rank's pick on
+  // a shared arena), or `automatic`: each rank's own pick of the message
+  // schedules is wire-compatible with its peers'.
+  detail::run_call(c, name,
+                   detail::fingerprint_of<T, void>(call_kind::alltoallv, 0, a == algorithm::direct ? a : o.algo),
+                   in.size_bytes(), o, [&] {
                      const algo::exchange::layout l{reinterpret_cast<const std::byte*>(in.data()),
                                                     reinterpret_cast<std::byte*>(out.data()), sizeof(T),
                                                     send_counts, send_displs, recv_counts, recv_displs};
-                     detail::run_exchange(c, a, l, o.tag);
+                     detail::run_exchange(c, a, l, o.tag, name);
                    });
 }
 
@@ -241,7 +273,8 @@ namespace detail {
 // elements received go (or throws when they do not fit).
 template <transport C, element T, class Place>
 std::size_t alltoallv_dynamic(C& c, std::span<const T> in, std::span<const std::size_t> send_counts,
-                              std::span<std::size_t> recv_counts, const options& o, Place&& place) {
+                              std::span<std::size_t> recv_counts, const options& o, std::size_t capacity,
+                              Place&& place) {
   const char* name = "alltoallv_dynamic";
   const int r = c.rank();
   const auto p = static_cast<std::size_t>(c.size());
@@ -254,10 +287,30 @@ std::size_t alltoallv_dynamic(C& c, std::span<const T> in, std::span<const std::
   GRADSYNC_REQUIRE(sum_checked(send_counts, name, r, "send counts") <= in.size(), name, r,
                    "send counts add up to more than the input's " + std::to_string(in.size()) + " elements");
   check_tag(o.tag, name, r);
-  GRADSYNC_REQUIRE(o.algo == algorithm::automatic || o.algo == algorithm::scattered, name, r,
+  GRADSYNC_REQUIRE(o.algo == algorithm::automatic || o.algo == algorithm::scattered ||
+                       (shared_arena<C> && o.algo == algorithm::direct),
+                   name, r,
                    "algorithm '" + std::string(algorithm_name(o.algo)) + "' is not available for " + name +
-                       " (scattered, auto)");
+                       (shared_arena<C> ? " (scattered, direct, auto)" : " (scattered, auto)"));
   std::size_t total = 0;
+  if constexpr (shared_arena<C>) {
+    // Through the arena: the counts are in the first round's headers.
+    if (o.algo != algorithm::scattered) {
+      run_call(c, name, fingerprint_of<T, void>(call_kind::alltoallv, 0, algorithm::direct), in.size_bytes(), o, [&] {
+        const algo::exchange::layout l{reinterpret_cast<const std::byte*>(in.data()), nullptr, sizeof(T),
+                                       send_counts, sdispl, {}, {}};
+        const algo::alltoall_direct::receive rx{recv_counts, capacity};
+        algo::alltoall_direct::run(c, l, 0, rx, [&](std::size_t n) {
+          total = n;
+          std::span<T> out = place(n);
+          check_span(out, name, r, "output");
+          GRADSYNC_REQUIRE(!overlaps(in, out), name, r, "input and output overlap (alltoallv is not in place)");
+          return reinterpret_cast<std::byte*>(out.data());
+        }, name);
+      });
+      return total;
+    }
+  }
   run_call(c, name, fingerprint_of<T, void>(call_kind::alltoallv, 0, algorithm::scattered), in.size_bytes(), o, [&] {
     const int tag = o.tag, count_tag = o.tag + 1;
     std::vector<std::uint64_t> mine(p), theirs(p);
@@ -326,7 +379,7 @@ template <transport C, element T>
 std::size_t alltoallv_dynamic(C& c, std::type_identity_t<std::span<const T>> in,
                               std::span<const std::size_t> send_counts, std::span<T> out,
                               std::span<std::size_t> recv_counts, const options& o = {}) {
-  return detail::alltoallv_dynamic<C, T>(c, in, send_counts, recv_counts, o, [&](std::size_t total) {
+  return detail::alltoallv_dynamic<C, T>(c, in, send_counts, recv_counts, o, out.size(), [&](std::size_t total) {
     GRADSYNC_REQUIRE(total <= out.size(), "alltoallv_dynamic", c.rank(),
                      "receives " + std::to_string(total) + " elements but the output holds " +
                          std::to_string(out.size()));
@@ -340,7 +393,8 @@ template <transport C, element T>
 std::size_t alltoallv_dynamic(C& c, std::type_identity_t<std::span<const T>> in,
                               std::span<const std::size_t> send_counts, std::vector<T>& out,
                               std::span<std::size_t> recv_counts, const options& o = {}) {
-  return detail::alltoallv_dynamic<C, T>(c, in, send_counts, recv_counts, o, [&](std::size_t total) {
+  return detail::alltoallv_dynamic<C, T>(c, in, send_counts, recv_counts, o, std::numeric_limits<std::size_t>::max(),
+                                         [&](std::size_t total) {
     out.resize(total);
     return std::span<T>(out);
   });
@@ -427,11 +481,9 @@ public:
     GRADSYNC_REQUIRE(send_counts.size() == p && recv_counts.size() == p, name, rank_,
                      std::to_string(send_counts.size()) + " send and " + std::to_string(recv_counts.size()) +
                          " receive counts for " + std::to_string(p) + " ranks (one per rank each)");
-    GRADSYNC_REQUIRE(o.algo == algorithm::automatic || o.algo == algorithm::pairwise ||
-                         o.algo == algorithm::scattered,
-                     name, rank_,
-                     "algorithm '" + std::string(algorithm_name(o.algo)) + "' is not available for a plan "
-                     "(pairwise, scattered, auto)");
+    GRADSYNC_REQUIRE(o.algo == algorithm::automatic || detail::exchange_schedule<C>(o.algo, false), name, rank_,
+                     "algorithm '" + std::string(algorithm_name(o.algo)) + "' is not available for a plan " +
+                         (shared_arena<C> ? "(pairwise, scattered, direct, auto)" : "(pairwise, scattered, auto)"));
     assign(send_counts, recv_counts);
     for (int q = 0; q < ranks_; ++q) {
       sources_.push_back(q);
@@ -592,9 +644,11 @@ private:
     const auto& from = back ? destinations_ : sources_;
     const algo::exchange::layout l{reinterpret_cast<const std::byte*>(in.data()), reinterpret_cast<std::byte*>(out.data()),
                                    sizeof(T) * width, sc, sd, rc, rd};
-    const algorithm a = graph_ || algo_ == algorithm::scattered ? algorithm::scattered
-                        : algo_ == algorithm::pairwise          ? algorithm::pairwise
-                                                                : choose<C>(c, largest_ * sizeof(T) * width);
+    const algorithm a = graph_                            ? algorithm::scattered
+                        : algo_ != algorithm::automatic ? algo_
+                                                        : choose<C>(c, largest_ * sizeof(T) * width);
+    GRADSYNC_REQUIRE(detail::exchange_schedule<C>(a, false), name, r,
+                     "algorithm '" + std::string(algorithm_name(a)) + "' cannot run on this transport");
     call_fingerprint f = detail::fingerprint_of<T, void>(graph_ ? call_kind::neighbor_alltoallv : call_kind::alltoallv,
                                                          width, a);
     f.codec = id_ ^ (back ? 1 : 0);
@@ -604,7 +658,7 @@ private:
     o.timeout = timeout_;
     detail::run_call(c, name, f, need_in * sizeof(T), o, [&] {
       if (graph_) algo::neighbor_exchange::run(c, std::span<const int>(from), std::span<const int>(to), l, tag_);
-      else detail::run_exchange(c, a, l, tag_);
+      else detail::run_exchange(c, a, l, tag_, name);
     });
   }
 

@@ -98,19 +98,103 @@ inline bool verifies(const options& o) { return o.verify != verification::never;
 // transport: an arena round of its own. On a record_board transport (ranks
 // in one address space): posted on the board before the schedule, collected
 // after it (algo::verify::checked_on_board; no message, no wait of its own).
+// On a transport that checks in its messages (inband_checked: MPI), a call
+// whose schedule carries every rank's messages to every rank, up to
+// policy::mpi_framed_max_bytes: framed (the hashes ride in the schedule's
+// own messages, no message of its own); else the transport's round.
 // Elsewhere: algo/verify.hpp's dissemination round of messages.
-enum class check_path { none, inband, arena, board, messages };
-template <transport C> check_path check_path_of(const C& c, const call_fingerprint& f, const options& o) {
+enum class check_path { none, inband, arena, board, messages, framed };
+
+// Whether every rank's messages reach every rank (directly or through
+// others) in the schedule of `f`, each rank sending only after it received
+// what its sends depend on: recursive doubling and Rabenseifner (and their
+// fold for other rank counts), the ring (p - 1 steps from the left), the
+// trees' reduce then broadcast, the exchanges' every-pair messages and
+// Bruck's rounds, the dissemination barrier. Not broadcast, reduce or
+// gossip (their data does not reach every rank), nor calls with nothing to
+// send.
+constexpr bool disseminates(const call_fingerprint& f) {
+  switch (f.kind) {
+  case call_kind::allreduce:
+    return f.count > 0 && (f.algo == algorithm::rd || f.algo == algorithm::rabenseifner || f.algo == algorithm::ring ||
+                           f.algo == algorithm::tree || f.algo == algorithm::dbtree);
+  case call_kind::reduce_scatter:
+  case call_kind::allgather: return f.count > 0 && f.algo == algorithm::ring;
+  case call_kind::alltoall:
+    return f.count > 0 && (f.algo == algorithm::pairwise || f.algo == algorithm::scattered || f.algo == algorithm::bruck);
+  case call_kind::barrier: return true;
+  default: return false;
+  }
+}
+template <transport C>
+check_path check_path_of(const C& c, const call_fingerprint& f, std::size_t bytes, const options& o) {
   if (!verifies(o) || c.size() <= 1) return check_path::none;
   if constexpr (shared_arena<C> && recorded<C>) {
     // A zero-count direct call runs no round: it checks in its own round,
     // which meets the first round of its peers' calls.
-    return f.algo == algorithm::direct && f.count > 0 ? check_path::inband : check_path::arena;
+    // The exchanges' direct schedule runs a round even with nothing to move.
+    const bool exchange = f.kind == call_kind::alltoall || f.kind == call_kind::alltoallv;
+    return f.algo == algorithm::direct && (f.count > 0 || exchange) ? check_path::inband : check_path::arena;
   } else if constexpr (record_board<C>) {
     return check_path::board;
+  } else if constexpr (inband_checked<C>) {
+    return disseminates(f) && bytes <= policy::mpi_framed_max_bytes ? check_path::framed : check_path::messages;
   } else {
     return check_path::messages;
   }
+}
+
+// The same errc::mismatch on every rank of a call its ranks disagree on,
+// from every rank's fingerprint (inband_checked transports).
+template <inband_checked C> [[noreturn]] void raise_disagreement(C& c, const char* name) {
+  const std::vector<std::byte> wire = c.check_fingerprints();
+  std::vector<call_fingerprint> all;
+  for (std::size_t at = 0; at + call_fingerprint::wire_bytes <= wire.size(); at += call_fingerprint::wire_bytes)
+    all.push_back(call_fingerprint::read(wire.data() + at));
+  throw error(errc::mismatch, name, c.rank(), -1, algo::verify::describe(all));
+}
+
+// Runs `body` with the call check of an inband_checked transport: framed
+// (the hashes in the schedule's own messages, compared after it) or a round
+// before it; a disagreement seen anywhere becomes the exchange of
+// fingerprints and one error on every rank.
+template <inband_checked C, class F>
+void checked_by_transport(C& c, const call_fingerprint& f, check_path path, int tag, const char* name, F&& body) {
+  std::byte wire[call_fingerprint::wire_bytes];
+  f.write(wire);
+  const int started = c.check_begin(f.hash(), wire, f.seq, tag, path == check_path::framed);
+  if (started == 0) return body(); // a call inside a checked call: covered by it
+  if (started < 0) {               // another thread's call is being checked: a round of our own
+    {
+      const scoped_phase check(trace_of(c), "verify", "call");
+      algo::verify::agree(c, f, tag, name);
+    }
+    return body();
+  }
+  struct end_check {
+    C& c;
+    bool on = true;
+    void end() noexcept {
+      if (on) c.check_end();
+      on = false;
+    }
+    ~end_check() { end(); }
+  } guard{c};
+  if (path == check_path::messages) {
+    {
+      const scoped_phase check(trace_of(c), "verify", "call");
+      if (!c.check_round()) raise_disagreement(c, name);
+    }
+    guard.end();
+    return body();
+  }
+  try {
+    body();
+  } catch (const error&) {
+    if (c.check_disagreed()) raise_disagreement(c, name);
+    throw;
+  }
+  if (!c.check_agreed()) raise_disagreement(c, name);
 }
 
 // Runs the data-moving part of collective `name` (arguments validated, the
@@ -142,7 +226,12 @@ void run_call(C& c, const char* name, call_fingerprint f, std::size_t bytes, con
   });
   const auto t0 = std::chrono::steady_clock::now();
   try {
-    const check_path path = check_path_of(c, f, o);
+    const check_path path = check_path_of(c, f, bytes, o);
+    if constexpr (inband_checked<C>) {
+      if (path == check_path::none) body();
+      else checked_by_transport(c, f, path, o.tag + policy::verify_tag_offset, name, body);
+      return;
+    }
     if (path == check_path::arena || path == check_path::messages) {
       const scoped_phase check(trace, "verify", "call");
       if constexpr (shared_arena<C>) algo::shm_direct::agree(c, f, name);

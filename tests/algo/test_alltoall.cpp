@@ -132,6 +132,38 @@ TEST_CASE("alltoall: the model picks Bruck for small blocks on many ranks, scatt
   pool_of(2).run([](communicator& c) { CHECK(alltoall_algorithm<float>(c, 1) != algorithm::bruck); });
 }
 
+TEST_CASE("alltoall: the direct schedule's cost on a shared arena, and the picks it leads to") {
+  const cost_model m = cost_model::shared_memory();
+  const selector sel(m);
+  for (const int p : {2, 4, 16}) {
+    CAPTURE(p);
+    const topology shm{.ranks = p, .shared_arena = true}, msgs{.ranks = p};
+    // Closed form: ceil(m / slice) rounds of one synchronisation, slices of
+    // (half - 16 p) / p bytes, and every byte staged and copied out once.
+    for (const double bytes : {8.0, 65536.0, 3.0 * (1 << 20)}) {
+      const double slice = (m.arena.half_bytes - 16.0 * p) / p;
+      const double want = std::max(1.0, std::ceil(bytes / slice)) * m.arena.sync + 2.0 * (p - 1) * bytes * m.arena.copy;
+      CHECK(m.exchange(algorithm::direct, bytes, shm) == doctest::Approx(want).epsilon(1e-12));
+      CHECK(std::isinf(m.exchange(algorithm::direct, bytes, msgs)));
+      CHECK(sel.choose_alltoall(static_cast<std::size_t>(bytes), msgs, true) != algorithm::direct);
+    }
+    // No message's alpha: the arena wins at every size on shared memory.
+    for (const std::size_t bytes : {std::size_t{8}, std::size_t{4096}, std::size_t{1} << 20})
+      CHECK(sel.choose_alltoall(bytes, shm, false) == algorithm::direct);
+  }
+  // Pinned by the table (GRADSYNC_ALGO): honoured where it can run.
+  const selector pinned(m, {size_rule{algorithm::direct}});
+  CHECK(pinned.choose_alltoall(64, topology{.ranks = 4, .shared_arena = true}, true) == algorithm::direct);
+  CHECK(pinned.choose_alltoall(64, topology{.ranks = 4}, true) != algorithm::direct);
+  // alltoallv on a transport without an arena never runs direct.
+  pool_of(3).run([](communicator& c) {
+    CHECK(alltoallv_algorithm(c, 8) != algorithm::direct);
+    options o;
+    o.algo = algorithm::direct;
+    CHECK_THROWS_WITH_AS(alltoallv_algorithm(c, 8, o), doctest::Contains("not available"), error);
+  });
+}
+
 // Count matrices: counts(src, dst) for p ranks.
 using matrix = std::function<std::size_t(int, int)>;
 

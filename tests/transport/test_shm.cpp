@@ -1289,7 +1289,8 @@ TEST_CASE("shm: GRADSYNC_TIMELINE writes one trace per rank process (.rank<r>), 
 
 #include <gradsync/alltoall.hpp>
 
-TEST_CASE("shm: alltoall, alltoallv (known and learned) and a plan on 2..4 ranks, eager and rendezvous blocks") {
+TEST_CASE("shm: alltoall, alltoallv (known and learned) and a plan on 2..4 ranks, eager and rendezvous blocks, "
+          "every schedule, direct over several arena rounds") {
   for (int p = 2; p <= 4; ++p) {
     CAPTURE(p);
     auto res = spawn(p, [p](communicator& c) {
@@ -1297,20 +1298,30 @@ TEST_CASE("shm: alltoall, alltoallv (known and learned) and a plan on 2..4 ranks
       auto value = [p](int src, int dst, std::size_t i) {
         return static_cast<int>((static_cast<std::size_t>(src * p + dst) * 7 + i * 3) % 251);
       };
-      // 3 elements (eager) and 40 000 (160 KB: rendezvous) per peer.
-      for (const std::size_t block : {std::size_t{3}, std::size_t{40000}})
+      // 0, 3 elements (eager), 40 000 (160 KB: rendezvous; one arena
+      // round) and 600 001 (2.4 MB: direct takes several rounds, the last
+      // short) per peer; out of place and in place.
+      for (const std::size_t block : {std::size_t{0}, std::size_t{3}, std::size_t{40000}, std::size_t{600001}})
         for (const auto a : {gradsync::algorithm::pairwise, gradsync::algorithm::scattered,
-                             gradsync::algorithm::bruck, gradsync::algorithm::automatic}) {
-          std::vector<int> in(block * static_cast<std::size_t>(p)), out(in.size());
-          for (int q = 0; q < p; ++q)
-            for (std::size_t i = 0; i < block; ++i) in[static_cast<std::size_t>(q) * block + i] = value(r, q, i);
-          gradsync::options o;
-          o.algo = a;
-          gradsync::alltoall(c, std::span<const int>(in), std::span<int>(out), o);
-          for (int q = 0; q < p; ++q)
-            for (std::size_t i = 0; i < block; ++i)
-              expect(out[static_cast<std::size_t>(q) * block + i] == value(q, r, i), "alltoall", "");
-        }
+                             gradsync::algorithm::bruck, gradsync::algorithm::direct, gradsync::algorithm::automatic})
+          for (const bool in_place : {false, true}) {
+            std::vector<int> in(block * static_cast<std::size_t>(p)), out(in.size());
+            for (int q = 0; q < p; ++q)
+              for (std::size_t i = 0; i < block; ++i) in[static_cast<std::size_t>(q) * block + i] = value(r, q, i);
+            gradsync::options o;
+            o.algo = a;
+            if (in_place) {
+              out = in;
+              gradsync::alltoall(c, std::span<const int>(out), std::span<int>(out), o);
+            } else {
+              gradsync::alltoall(c, std::span<const int>(in), std::span<int>(out), o);
+            }
+            for (int q = 0; q < p; ++q)
+              for (std::size_t i = 0; i < block; ++i)
+                expect(out[static_cast<std::size_t>(q) * block + i] == value(q, r, i), "alltoall",
+                       std::string(gradsync::algorithm_name(a)) + " block " + std::to_string(block) +
+                           (in_place ? " in place" : ""));
+          }
       // Uneven: rank s sends d (s + d) * 5000 elements (0 to 30 000).
       std::vector<std::size_t> sc, rc;
       std::vector<int> in;
@@ -1321,20 +1332,86 @@ TEST_CASE("shm: alltoall, alltoallv (known and learned) and a plan on 2..4 ranks
       }
       std::size_t total = 0;
       for (const auto n : rc) total += n;
-      std::vector<int> out(total), dyn;
-      gradsync::alltoallv(c, std::span<const int>(in), sc, std::span<int>(out), rc);
-      std::vector<std::size_t> learned(static_cast<std::size_t>(p));
-      gradsync::alltoallv_dynamic(c, std::span<const int>(in), sc, dyn, std::span<std::size_t>(learned));
-      expect(dyn == out && learned == rc, "alltoallv_dynamic equals alltoallv");
-      std::size_t at = 0;
+      std::vector<int> want;
       for (int q = 0; q < p; ++q)
-        for (std::size_t i = 0; i < rc[static_cast<std::size_t>(q)]; ++i) expect(out[at++] == value(q, r, i), "alltoallv", "");
-      const gradsync::exchange_plan plan(c, sc, rc);
-      std::vector<int> fwd(total), back(in.size());
-      plan.run(c, std::span<const int>(in), std::span<int>(fwd));
-      plan.run_back(c, std::span<const int>(fwd), std::span<int>(back));
-      expect(fwd == out && back == in, "plan forwards and backwards");
+        for (std::size_t i = 0; i < rc[static_cast<std::size_t>(q)]; ++i) want.push_back(value(q, r, i));
+      for (const auto a : {gradsync::algorithm::scattered, gradsync::algorithm::direct, gradsync::algorithm::automatic}) {
+        const std::string how(gradsync::algorithm_name(a));
+        gradsync::options o;
+        o.algo = a;
+        std::vector<int> out(total), dyn;
+        gradsync::alltoallv(c, std::span<const int>(in), sc, std::span<int>(out), rc, o);
+        expect(out == want, "alltoallv", how);
+        std::vector<std::size_t> learned(static_cast<std::size_t>(p));
+        gradsync::alltoallv_dynamic(c, std::span<const int>(in), sc, dyn, std::span<std::size_t>(learned), o);
+        expect(dyn == want && learned == rc, "alltoallv_dynamic equals alltoallv", how);
+        std::vector<int> fixed(total + 5, -1);
+        std::fill(learned.begin(), learned.end(), 0);
+        const std::size_t got = gradsync::alltoallv_dynamic(c, std::span<const int>(in), sc, std::span<int>(fixed),
+                                                            std::span<std::size_t>(learned), o);
+        expect(got == total && learned == rc && std::equal(want.begin(), want.end(), fixed.begin()) &&
+                   fixed[total] == -1,
+               "alltoallv_dynamic into a span", how);
+        const gradsync::exchange_plan plan(c, sc, rc, o);
+        std::vector<int> fwd(total), back(in.size());
+        plan.run(c, std::span<const int>(in), std::span<int>(fwd));
+        plan.run_back(c, std::span<const int>(fwd), std::span<int>(back));
+        expect(fwd == want && back == in, "plan forwards and backwards", how);
+      }
+      // Nothing to move at all still runs (and checks) the call.
+      const std::vector<std::size_t> zeros(static_cast<std::size_t>(p), 0);
+      std::vector<int> none;
+      gradsync::alltoallv(c, std::span<const int>(none), zeros, std::span<int>(none), zeros);
     }, 90s);
     check_all_ok(res);
+  }
+}
+
+TEST_CASE("shm: direct alltoallv whose counts disagree, or whose learned output is short, fails every rank alike") {
+  for (int p = 2; p <= 3; ++p) {
+    CAPTURE(p);
+    for (const std::size_t elems : {std::size_t{1}, std::size_t{1000}, std::size_t{300000}}) {
+      CAPTURE(elems);
+      // Rank 1 expects one element more from rank 0 than rank 0 sends.
+      auto res = spawn(p, [p, elems](communicator& c) {
+        const int r = c.rank();
+        std::vector<std::size_t> sc(static_cast<std::size_t>(p), elems), rc = sc;
+        if (r == 1) rc[0] += 1;
+        std::vector<float> in(elems * static_cast<std::size_t>(p), 1.0f), out(elems * static_cast<std::size_t>(p) + 1);
+        gradsync::options o;
+        o.algo = gradsync::algorithm::direct;
+        o.timeout = 5s;
+        try {
+          gradsync::alltoallv(c, std::span<const float>(in), sc, std::span<float>(out), rc, o);
+          expect(false, "a disagreeing alltoallv returned");
+        } catch (const gradsync::error& e) {
+          expect(e.kind() == gradsync::errc::mismatch, "kind", e.what());
+          const std::string want = "rank 0 sends rank 1 " + std::to_string(elems) + " items but rank 1 expects " +
+                                   std::to_string(elems + 1);
+          expect(std::string(e.what()).find(want) != std::string::npos, "names the pair", e.what());
+        }
+      }, 30s);
+      check_all_ok(res);
+      // The last rank's output holds one element less than it is sent.
+      res = spawn(p, [p, elems](communicator& c) {
+        const int r = c.rank();
+        std::vector<std::size_t> sc(static_cast<std::size_t>(p), elems), learned(static_cast<std::size_t>(p));
+        const std::size_t total = elems * static_cast<std::size_t>(p);
+        std::vector<float> in(total, 2.0f), out(r == p - 1 ? total - 1 : total);
+        gradsync::options o;
+        o.timeout = 5s;
+        try {
+          gradsync::alltoallv_dynamic(c, std::span<const float>(in), sc, std::span<float>(out),
+                                      std::span<std::size_t>(learned), o);
+          expect(false, "a short output went unnoticed");
+        } catch (const gradsync::error& e) {
+          expect(e.kind() == gradsync::errc::invalid_argument, "kind", e.what());
+          const std::string want = "rank " + std::to_string(p - 1) + " receives " + std::to_string(total) +
+                                   " elements but its output holds " + std::to_string(total - 1);
+          expect(std::string(e.what()).find(want) != std::string::npos, "names the rank", e.what());
+        }
+      }, 30s);
+      check_all_ok(res);
+    }
   }
 }

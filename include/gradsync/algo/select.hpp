@@ -252,7 +252,9 @@ struct cost_model {
   /// in flight: the same (alpha is mostly per-message software cost, which
   /// a window does not overlap), a hair cheaper so ties go to it; `bruck` (equal blocks only) ceil(log2 p) rounds of up to ceil(p/2)
   /// packed blocks plus three local passes over the p blocks (rotate, pack,
-  /// unrotate) at memcpy speed (arena.copy). Infinity for anything else.
+  /// unrotate) at memcpy speed (arena.copy); `direct` (t.shared_arena only)
+  /// one arena synchronisation per round and two copies of every byte.
+  /// Infinity for anything else.
   double exchange(algorithm a, double m, const topology& t, int window = policy::alltoall_window) const {
     const int p = t.ranks;
     if (p <= 1) return 0;
@@ -271,6 +273,15 @@ struct cost_model {
     case algorithm::bruck: {
       const double rounds = std::bit_width(static_cast<unsigned>(p) - 1);
       return rounds * (l.alpha + l.beta * m * std::ceil(p / 2.0)) + 3.0 * p * m * arena.copy;
+    }
+    case algorithm::direct: {
+      if (!t.shared_arena) return std::numeric_limits<double>::infinity();
+      // algo/alltoall_direct.hpp: rounds of (half - header) / p bytes per
+      // peer, one synchronisation each; every byte staged once and copied
+      // out once.
+      const double slice = std::max(64.0, (arena.half_bytes - 16.0 * p) / p);
+      const double rounds = std::max(1.0, std::ceil(m / slice));
+      return rounds * arena.sync + 2.0 * (p - 1) * m * arena.copy;
     }
     default: return std::numeric_limits<double>::infinity();
     }
@@ -469,14 +480,16 @@ public:
   }
 
   /// Alltoall(v) schedule for `m` bytes per peer on `t` (`equal`: equal
-  /// blocks, so Bruck is a candidate): the table's entry when it names an
-  /// exchange schedule, else the cheapest by cost_model::exchange.
+  /// blocks, so Bruck is a candidate; `direct` where t.shared_arena): the
+  /// table's entry when it names an exchange schedule, else the cheapest by
+  /// cost_model::exchange.
   algorithm choose_alltoall(std::size_t m, const topology& t, bool equal) const {
-    if (const auto a = pinned(m); a == algorithm::pairwise || a == algorithm::scattered || (equal && a == algorithm::bruck))
+    if (const auto a = pinned(m); a == algorithm::pairwise || a == algorithm::scattered ||
+                                  (equal && a == algorithm::bruck) || (t.shared_arena && a == algorithm::direct))
       return a;
     algorithm best = algorithm::scattered;
     double cost = model_.exchange(best, static_cast<double>(m), t);
-    for (auto a : {algorithm::pairwise, algorithm::bruck}) {
+    for (auto a : {algorithm::pairwise, algorithm::bruck, algorithm::direct}) {
       if (a == algorithm::bruck && !equal) continue;
       if (const double c = model_.exchange(a, static_cast<double>(m), t); c < cost * (1 - 1e-9)) {
         best = a;

@@ -106,11 +106,13 @@ enum counter : int { copied = 0, reduced = 1, drained = 2 };
 // (Signatures hold the first four in two bits; small_allreduce only names a
 // class of timed store choices.)
 // Rooted calls (algo/shm_direct_rooted.hpp) set bit 63 of a signature, with
-// broadcast = 0 and reduce = 1 in the two call bits.)
+// broadcast = 0 and reduce = 1 in the two call bits; exchanges
+// (algo/alltoall_direct.hpp) bit 63 and 2. `alltoall` only names the
+// exchanges' class of timed store choices.)
 enum class call : std::uint64_t { allreduce = 0, reduce_scatter = 1, allgather = 2, neighbor = 3, small_allreduce = 4,
-                                  broadcast = 5, reduce = 6 };
+                                  broadcast = 5, reduce = 6, alltoall = 7 };
 inline const char* call_name(std::uint64_t k) {
-  if (k & 8) return (k & 1) ? "reduce" : "broadcast"; // bit 63: rooted
+  if (k & 8) return (k & 3) == 2 ? "alltoall" : (k & 1) ? "reduce" : "broadcast"; // bit 63: rooted or exchange
   k &= 3; // (bit 62 of a signature: shared buffers)
   return k == 1 ? "reduce_scatter" : k == 2 ? "allgather" : k == 3 ? "neighbor_allreduce" : "allreduce";
 }

@@ -36,6 +36,11 @@ inline constexpr int pipeline_depth = 4;
 
 /// MPI counts are ints: a transfer is split into messages of at most this size.
 inline constexpr std::size_t mpi_max_message_bytes = std::size_t{1} << 30;
+/// Largest call (bytes of payload) whose agreement check rides in its own
+/// messages over MPI (collectives.hpp's check_path::framed): each message
+/// then goes through a copy with the 16-byte hashes in front, which costs
+/// more than the separate round beyond a few KiB.
+inline constexpr std::size_t mpi_framed_max_bytes = std::size_t{4} << 10;
 
 /// Default message tag of the collectives (each call may choose another so that
 /// concurrent operations on one communicator cannot match each other).
@@ -45,10 +50,13 @@ inline constexpr int default_tag = 0x6753; // "gS"
 /// tree uses one per tree, and hierarchical schedules shift their inter-group
 /// level by level_tag_shift so the two levels can never match each other.
 inline constexpr int level_tag_shift = 2;
-/// The tag of a call's agreement round (algo/verify.hpp): options::tag +
-/// verify_tag_offset, past every tag of the schedules.
+/// The tags of a call's agreement check, past every tag of the schedules:
+/// options::tag + verify_tag_offset (algo/verify.hpp's round), and over MPI
+/// (transport/mpi.hpp's check) + 0 / + 1 for the rounds of even / odd calls
+/// (a rank already in the next call's round cannot be taken for one in
+/// another call) and + 2 for the fingerprints of a disagreeing call.
 inline constexpr int verify_tag_offset = 2 * level_tag_shift;
-inline constexpr int tag_span = verify_tag_offset + 1;
+inline constexpr int tag_span = verify_tag_offset + 3;
 /// Largest options::tag: a call's tags [tag, tag + tag_span) must fit an int
 /// (a transport may bound tags lower: MPI's MPI_TAG_UB, checked there).
 inline constexpr int max_tag = 0x7fffffff - (tag_span - 1);

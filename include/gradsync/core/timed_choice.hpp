@@ -29,9 +29,9 @@ namespace gradsync::detail {
 
 class timed_choice {
 public:
-  /// Independent kinds of call (e.g. collective x power-of-two size: seven
+  /// Independent kinds of call (e.g. collective x power-of-two size: eight
   /// kinds of shm_direct call, algo/shm_direct.hpp's detail::call).
-  static constexpr std::size_t classes = 7 * 64;
+  static constexpr std::size_t classes = 8 * 64;
 
   /// `forced` 0 or 1 always picks that way; -1 (default) measures.
   explicit timed_choice(int forced = -1) : forced_(forced) {}

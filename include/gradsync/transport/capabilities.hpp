@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 #include <string>
 #include <utility>
 
@@ -118,6 +119,35 @@ concept record_board = transport<C> && requires(C& c, int tag, std::span<const s
                                                 std::span<std::byte> all, const board_ticket& t, const char* name) {
   { c.board_post(tag, mine, name) } -> std::same_as<board_ticket>;
   { c.board_collect(t, all, true, name) } -> std::same_as<bool>;
+};
+
+/// A transport that runs a call's agreement check itself (MPI), driven by
+/// collectives.hpp's run_call. check_begin(hash, wire, seq, tag, framed)
+/// starts the check of this thread's call (`hash` and `wire`: the
+/// fingerprint's hash and wire form, algo/verify.hpp; `seq`: its sequence
+/// number; `tag`: the call's first agreement tag, three in all) and
+/// returns 1, or 0 when this thread's call is already checked (a call a
+/// schedule makes of its own: covered), or -1 when another thread's is (this
+/// call then checks alone, by algo/verify.hpp's round); check_end() ends a
+/// started check. Framed, every message this thread sends or receives until
+/// then carries the smallest and largest hash its sender has seen (16 bytes
+/// before the payload); a message with another hash, of another size, or on
+/// the agreement tags (a rank in another call) marks the call disagreed and
+/// fails the wait (errc::mismatch), and check_agreed() says after the
+/// schedule whether every hash that reached this rank equals its own (for
+/// schedules that carry every rank's messages to every rank, every rank's
+/// did). Not framed, check_round() runs a round of its own (ceil(log2 p)
+/// steps of 16 bytes) and returns whether all agree. On any disagreement,
+/// check_fingerprints() exchanges the fingerprints: every rank gets there,
+/// and all get every rank's wire form (rank order).
+template <class C>
+concept inband_checked = transport<C> && requires(C& c, std::uint64_t h, std::span<const std::byte> w, int tag) {
+  { c.check_begin(h, w, h, tag, true) } -> std::same_as<int>;
+  c.check_end();
+  { c.check_agreed() } -> std::same_as<bool>;
+  { c.check_round() } -> std::same_as<bool>;
+  { c.check_disagreed() } -> std::same_as<bool>;
+  { c.check_fingerprints() } -> std::same_as<std::vector<std::byte>>;
 };
 
 /// A transport on which any rank can call abort(reason), from any thread:

@@ -12,12 +12,15 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <exception>
 #include <climits>
 #include <cstdlib>
 #include <cstddef>
+#include <cstring>
 #include <span>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -120,6 +123,77 @@ struct abort_state {
     return why;
   }
 };
+
+// The agreement check of the call one thread runs (capability
+// inband_checked; collectives.hpp's run_call), shared by a communicator and
+// the requests of that call. Tags from `base` (policy::verify_tag_offset):
+// round messages of even and odd calls on base and base + 1, fingerprints
+// on base + 2.
+struct check_state {
+  static constexpr std::size_t header = 16;      // framed: smallest, largest hash seen, then the payload
+  static constexpr std::size_t wire_max = 64;    // a fingerprint's wire form, at most
+  std::atomic<bool> active{false};
+  std::atomic<std::thread::id> owner{};
+  bool framed = false, disagreed = false;
+  std::uint64_t mine = 0, lo = 0, hi = 0, seq = 0;
+  std::byte wire[wire_max]{};
+  std::size_t wire_n = 0;
+  int base = 0;
+  std::string why;              // what showed the disagreement first
+  std::uint64_t round_out[2]{}; // the round message in flight
+  // Framed messages' buffers: a framed call's messages are at most its
+  // bytes (policy::mpi_framed_max_bytes) plus the header, so blocks of that
+  // size are reused instead of allocated per message. Sends abandoned
+  // before MPI finished with them (a failed call) keep theirs in `orphans`
+  // as long as the communicator lives.
+  static constexpr std::size_t block = policy::mpi_framed_max_bytes + header;
+  std::vector<std::unique_ptr<std::byte[]>> free_blocks;
+  std::vector<std::unique_ptr<std::byte[]>> orphans;
+  std::mutex blocks_m; // requests of one call may complete on any thread
+  std::unique_ptr<std::byte[]> take(std::size_t n) {
+    if (n <= block) {
+      std::lock_guard g(blocks_m);
+      if (!free_blocks.empty()) {
+        auto b = std::move(free_blocks.back());
+        free_blocks.pop_back();
+        return b;
+      }
+    }
+    return std::make_unique_for_overwrite<std::byte[]>(std::max(n, block));
+  }
+  void give(std::unique_ptr<std::byte[]> b, bool orphan) {
+    if (!b) return;
+    std::lock_guard g(blocks_m);
+    (orphan ? orphans : free_blocks).push_back(std::move(b));
+  }
+
+  int round_tag() const noexcept { return base + static_cast<int>(seq & 1); }
+  int print_tag() const noexcept { return base + 2; }
+  // Whether this thread's messages are framed now.
+  bool frames() const noexcept {
+    return framed && active.load(std::memory_order_relaxed) && owner.load(std::memory_order_relaxed) == std::this_thread::get_id();
+  }
+  void merge(std::uint64_t l, std::uint64_t h) noexcept {
+    lo = std::min(lo, l);
+    hi = std::max(hi, h);
+  }
+  void disagree(std::string reason) {
+    if (!disagreed) why = std::move(reason);
+    disagreed = true;
+  }
+  // A message of this call's round (a rank checking it in a round, so on
+  // another call than a framed one) or a fingerprint (a rank exchanging):
+  // the source, or -1.
+  int other_call(MPI_Comm comm, bool rounds) const {
+    int flag = 0;
+    MPI_Status st;
+    for (const int t : {print_tag(), round_tag()}) {
+      if (t != print_tag() && !rounds) continue;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, t, comm, &flag, &st) == MPI_SUCCESS && flag) return st.MPI_SOURCE;
+    }
+    return -1;
+  }
+};
 } // namespace detail
 
 /// Completion handle of an MPI send or receive. A transfer larger than
@@ -144,6 +218,10 @@ public:
       timeout_ = o.timeout_;
       abort_ = std::move(o.abort_);
       trace_ = o.trace_;
+      check_ = std::move(o.check_);
+      frame_ = std::move(o.frame_);
+      user_ = o.user_;
+      comm_ = o.comm_;
       o.reqs_.clear();
     }
     return *this;
@@ -152,7 +230,10 @@ public:
   request& operator=(const request&) = delete;
   /// An abandoned receive is cancelled (MPI never writes into the buffer
   /// afterwards); an abandoned send is released to complete on its own.
-  ~request() { abandon(); }
+  ~request() {
+    abandon();
+    if (check_ && frame_) check_->give(std::move(frame_), false);
+  }
 
   /// Blocks until every part completed; throws on failure (errc::internal),
   /// size mismatch (errc::mismatch), or when the peer has not matched it
@@ -175,6 +256,7 @@ public:
       if (poll()) return;
       if ((i & 255u) == 255u) {
         check_abort();
+        if (check_) probe_other_call();
         const auto waited = clock::now() - start;
         if (waited > timeout_) {
           abandon();
@@ -210,6 +292,9 @@ private:
         abandon();
         int cls = MPI_ERR_OTHER;
         MPI_Error_class(rc, &cls);
+        if (cls == MPI_ERR_TRUNCATE && check_)
+          disagree("rank " + std::to_string(peer_) + " sent a larger message than this call's " +
+                   std::to_string(sizes_[i] - detail::check_state::header) + " bytes");
         if (cls == MPI_ERR_TRUNCATE)
           throw error(errc::mismatch, op_, rank_, peer_,
                       "message size mismatch: a message larger than the posted receive of " +
@@ -225,6 +310,7 @@ private:
   }
   void finish() {
     if (!recv_) return;
+    if (check_) return finish_framed();
     std::size_t total = 0;
     for (std::size_t i = 0; i < st_.size(); ++i) {
       int got = 0;
@@ -251,6 +337,7 @@ private:
       }
     }
     reqs_.clear();
+    if (check_ && frame_) check_->give(std::move(frame_), !recv_); // a send's bytes may still be read
   }
   std::vector<MPI_Request> reqs_;
   std::vector<std::size_t> sizes_;
@@ -263,6 +350,46 @@ private:
   std::chrono::milliseconds timeout_ = policy::default_timeout;
   std::shared_ptr<detail::abort_state> abort_;
   timeline* trace_ = nullptr;
+  // Framed (a checked call's message): the check, the message as sent
+  // (hashes, then the payload), a receive's destination, the communicator
+  // (probed for the agreement tag while waiting).
+  std::shared_ptr<detail::check_state> check_;
+  std::unique_ptr<std::byte[]> frame_; // from check_->take()
+  std::byte* user_ = nullptr;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+
+  // The call's check saw a disagreement: fail this request (the collective
+  // then exchanges fingerprints and raises the same error on every rank).
+  [[noreturn]] void disagree(std::string why) {
+    check_->disagree(why);
+    abandon();
+    throw error(errc::mismatch, op_, rank_, peer_, "call check: " + why);
+  }
+  // A framed receive completed: its size and the sender's hashes.
+  void finish_framed() {
+    using detail::check_state;
+    int got = 0;
+    detail::check(MPI_Get_count(&st_[0], MPI_BYTE, &got), op_, rank_, peer_);
+    const auto n = static_cast<std::size_t>(got);
+    if (n < check_state::header || (!upto_ && n != sizes_[0]))
+      disagree("rank " + std::to_string(peer_) + " sent " +
+               (n < check_state::header ? std::string("a message of another call")
+                                        : std::to_string(n - check_state::header) + " bytes where this call expects " +
+                                              std::to_string(sizes_[0] - check_state::header)));
+    std::uint64_t lh[2];
+    std::memcpy(lh, frame_.get(), sizeof lh);
+    check_->merge(lh[0], lh[1]);
+    if (check_->lo != check_->hi)
+      disagree("rank " + std::to_string(peer_) + " has seen a fingerprint unlike this rank's");
+    if (n > check_state::header) std::memcpy(user_, frame_.get() + check_state::header, n - check_state::header);
+    received_ = n - check_state::header;
+    check_->give(std::move(frame_), false);
+  }
+  // A message on the agreement tag while a framed call waits: some rank is
+  // in another call (its round), or already exchanging fingerprints.
+  void probe_other_call() {
+    if (const int q = check_->other_call(comm_, true); q >= 0) disagree("rank " + std::to_string(q) + " is in another call");
+  }
 
   void check_abort() {
     if (!abort_ || !abort_->set.load(std::memory_order_acquire)) return;
@@ -307,7 +434,8 @@ public:
   communicator(communicator&& o) noexcept
       : comm_(std::exchange(o.comm_, MPI_COMM_NULL)), rank_(o.rank_), size_(o.size_),
         node_(std::move(o.node_)), shape_(o.shape_), timeout_(o.timeout_), tag_ub_(o.tag_ub_),
-        calls_(std::move(o.calls_)), abort_(std::move(o.abort_)), trace_(std::move(o.trace_)) {}
+        calls_(std::move(o.calls_)), abort_(std::move(o.abort_)), check_(std::move(o.check_)),
+        trace_(std::move(o.trace_)) {}
   communicator& operator=(communicator&& o) noexcept {
     if (this != &o) {
       release();
@@ -320,6 +448,7 @@ public:
       tag_ub_ = o.tag_ub_;
       calls_ = std::move(o.calls_);
       abort_ = std::move(o.abort_);
+      check_ = std::move(o.check_);
       trace_ = std::move(o.trace_);
     }
     return *this;
@@ -411,6 +540,29 @@ private:
     r.timeout_ = timeout_;
     r.abort_ = abort_;
     r.trace_ = trace();
+    if (check_->frames()) { // a checked call's message: the hashes go first
+      constexpr std::size_t h = detail::check_state::header;
+      GRADSYNC_REQUIRE(n < policy::mpi_max_message_bytes - h, op, rank_,
+                       "a message of " + std::to_string(n) + " bytes in a call checked in band", peer);
+      r.check_ = check_;
+      r.comm_ = comm_;
+      r.frame_ = check_->take(n + h);
+      if (is_send) {
+        const std::uint64_t lh[2] = {check_->lo, check_->hi};
+        std::memcpy(r.frame_.get(), lh, h);
+        if (n) std::memcpy(r.frame_.get() + h, p, n);
+      } else {
+        r.user_ = p;
+      }
+      MPI_Request q = MPI_REQUEST_NULL;
+      const int len = static_cast<int>(n + h);
+      detail::check(is_send ? MPI_Isend(r.frame_.get(), len, MPI_BYTE, peer, tag, comm_, &q)
+                            : MPI_Irecv(r.frame_.get(), len, MPI_BYTE, peer, tag, comm_, &q),
+                    op, rank_, peer);
+      r.reqs_.push_back(q);
+      r.sizes_.push_back(n + h);
+      return r;
+    }
     const std::size_t chunk = policy::mpi_max_message_bytes;
     std::size_t off = 0;
     do {
@@ -442,7 +594,138 @@ private:
   int tag_ub_ = 32767; // MPI_TAG_UB (the standard's minimum until queried)
   call_record calls_;
   std::shared_ptr<detail::abort_state> abort_ = std::make_shared<detail::abort_state>();
+  std::shared_ptr<detail::check_state> check_ = std::make_shared<detail::check_state>();
   std::unique_ptr<timeline> trace_;
+
+  // Waits for raw request `q` of the check, bounded by the timeout and woken
+  // by abort; returns its status, or nothing when `stop()` says to give up
+  // first (the request is then cancelled).
+  template <class Stop> std::optional<MPI_Status> check_wait(MPI_Request& q, int peer, Stop stop) {
+    detail::world_errors_return guard;
+    MPI_Status st{};
+#if defined(GRADSYNC_MPI_BLOCKING_WAIT)
+    // Simulators: block as request::wait does (no timeout, no early stop).
+    (void)stop;
+    detail::check(MPI_Wait(&q, &st), "mpi.check", rank_, peer);
+    return st;
+#endif
+    const auto start = std::chrono::steady_clock::now();
+    for (unsigned i = 0;; ++i) {
+      int flag = 0;
+      detail::check(MPI_Test(&q, &flag, &st), "mpi.check", rank_, peer);
+      if (flag) return st;
+      if ((i & 255u) == 255u) {
+        const bool aborted = abort_->set.load(std::memory_order_acquire);
+        const bool late = std::chrono::steady_clock::now() - start > timeout_;
+        const bool stopped = !aborted && !late && stop();
+        if (aborted || late || stopped) {
+          MPI_Cancel(&q);
+          MPI_Wait(&q, MPI_STATUS_IGNORE);
+          if (stopped) return std::nullopt;
+          if (aborted) throw error(errc::aborted, "mpi.check", rank_, peer, "aborted: " + abort_->reason());
+          throw error(errc::timeout, "mpi.check", rank_, peer, gradsync::detail::timed_out(timeout_));
+        }
+        sched_yield();
+      }
+    }
+  }
+
+public:
+  /// The call check (capability inband_checked, collectives.hpp's run_call).
+  /// `seq`: the call's number on its tag; `base`: its tag + policy::verify_tag_offset.
+  int check_begin(std::uint64_t hash, std::span<const std::byte> wire, std::uint64_t seq, int base, bool framed) {
+    auto& s = *check_;
+    GRADSYNC_REQUIRE(wire.size() <= detail::check_state::wire_max, "mpi.check", rank_,
+                     "a fingerprint of " + std::to_string(wire.size()) + " bytes");
+    GRADSYNC_REQUIRE(base >= 0 && base <= tag_ub_ - 2, "mpi.check", rank_,
+                     "agreement tags from " + std::to_string(base) + " exceed MPI_TAG_UB = " + std::to_string(tag_ub_));
+    bool idle = false;
+    if (!s.active.compare_exchange_strong(idle, true, std::memory_order_acq_rel))
+      return s.owner.load(std::memory_order_relaxed) == std::this_thread::get_id() ? 0 : -1;
+    s.owner.store(std::this_thread::get_id(), std::memory_order_relaxed);
+    s.framed = framed;
+    s.disagreed = false;
+    s.why.clear();
+    s.mine = s.lo = s.hi = hash;
+    s.seq = seq;
+    std::memcpy(s.wire, wire.data(), wire.size());
+    s.wire_n = wire.size();
+    s.base = base;
+    return 1;
+  }
+  void check_end() noexcept {
+    check_->framed = false;
+    check_->active.store(false, std::memory_order_release);
+  }
+  bool check_agreed() const noexcept { return !check_->disagreed && check_->lo == check_->mine && check_->hi == check_->mine; }
+  bool check_disagreed() const noexcept { return check_->disagreed; }
+
+  /// The agreement round of a call that is not framed: ceil(log2 p) steps
+  /// in which rank r sends r + d the smallest and largest hash it has seen
+  /// and takes r - d's (min and max are idempotent: every rank ends with the
+  /// same two). A fingerprint on its way (some rank saw a disagreement and
+  /// is exchanging) ends the round. True when all agree.
+  bool check_round() {
+    auto& s = *check_;
+    const int p = size_, r = rank_;
+    for (int d = 1; d < p && !s.disagreed; d *= 2) {
+      const int from = (r - d % p + p) % p, to = (r + d) % p;
+      s.round_out[0] = s.lo;
+      s.round_out[1] = s.hi;
+      std::uint64_t in[2] = {0, 0};
+      MPI_Request rq = MPI_REQUEST_NULL, sq = MPI_REQUEST_NULL;
+      detail::check(MPI_Irecv(in, sizeof in, MPI_BYTE, from, s.round_tag(), comm_, &rq), "mpi.check", r, from);
+      detail::check(MPI_Isend(s.round_out, sizeof s.round_out, MPI_BYTE, to, s.round_tag(), comm_, &sq), "mpi.check", r, to);
+      int q = -1;
+      const auto got = check_wait(rq, from, [&] { return (q = s.other_call(comm_, false)) >= 0; });
+      check_wait(sq, to, [] { return false; });
+      if (!got) {
+        s.disagree("rank " + std::to_string(q) + " is exchanging fingerprints");
+        break;
+      }
+      s.merge(in[0], in[1]);
+    }
+    if (s.lo != s.hi) s.disagree("the hashes differ");
+    return !s.disagreed;
+  }
+
+  /// Every rank's fingerprint (wire form, rank order), once the call is
+  /// known to be disagreed: this rank sends its own to every rank and takes
+  /// every rank's. Bounded by the timeout.
+  std::vector<std::byte> check_fingerprints() {
+    auto& s = *check_;
+    const int p = size_, r = rank_;
+    const std::size_t w = s.wire_n;
+    s.disagreed = true;
+    std::vector<std::byte> all(static_cast<std::size_t>(p) * w);
+    std::memcpy(all.data() + static_cast<std::size_t>(r) * w, s.wire, w);
+    std::vector<MPI_Request> sends, recvs;
+    for (int q = 0; q < p; ++q) {
+      if (q == r) continue;
+      recvs.push_back(MPI_REQUEST_NULL);
+      detail::check(MPI_Irecv(all.data() + static_cast<std::size_t>(q) * w, static_cast<int>(w), MPI_BYTE, q,
+                              s.print_tag(), comm_, &recvs.back()),
+                    "mpi.check", r, q);
+      sends.push_back(MPI_REQUEST_NULL);
+      detail::check(MPI_Isend(s.wire, static_cast<int>(w), MPI_BYTE, q, s.print_tag(), comm_, &sends.back()),
+                    "mpi.check", r, q);
+    }
+    for (std::size_t i = 0; i < recvs.size(); ++i) {
+      const int q = static_cast<int>(i) < r ? static_cast<int>(i) : static_cast<int>(i) + 1;
+      try {
+        check_wait(recvs[i], q, [] { return false; });
+      } catch (...) {
+        for (std::size_t j = i + 1; j < recvs.size(); ++j) {
+          MPI_Cancel(&recvs[j]);
+          MPI_Wait(&recvs[j], MPI_STATUS_IGNORE);
+        }
+        throw;
+      }
+    }
+    for (auto& q : sends) check_wait(q, -1, [] { return false; });
+    return all;
+  }
+private:
 };
 
 static_assert(transport<communicator>);
@@ -450,6 +733,7 @@ static_assert(upto_receiver<communicator> && node_map<communicator> && timed<com
               traced<communicator>);
 // abort() frees this rank's blocked calls only (see there).
 static_assert(abortable<communicator>);
+static_assert(inband_checked<communicator>);
 static_assert(!shared_arena<communicator> && !device_memory<communicator> &&
               !stream_ordered<communicator>);
 
