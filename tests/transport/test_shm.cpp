@@ -1301,10 +1301,14 @@ TEST_CASE("shm: alltoall, alltoallv (known and learned) and a plan on 2..4 ranks
       // 0, 3 elements (eager), 40 000 (160 KB: rendezvous; one arena
       // round) and 600 001 (2.4 MB: direct takes several rounds, the last
       // short) per peer; out of place and in place.
+      // (The multi-round size only for the arena's schedules: the message
+      // schedules move it as they move 40 000, and the suite also runs
+      // under ASan.)
       for (const std::size_t block : {std::size_t{0}, std::size_t{3}, std::size_t{40000}, std::size_t{600001}})
         for (const auto a : {gradsync::algorithm::pairwise, gradsync::algorithm::scattered,
                              gradsync::algorithm::bruck, gradsync::algorithm::direct, gradsync::algorithm::automatic})
           for (const bool in_place : {false, true}) {
+            if (block > 40000 && a != gradsync::algorithm::direct && a != gradsync::algorithm::automatic) continue;
             std::vector<int> in(block * static_cast<std::size_t>(p)), out(in.size());
             for (int q = 0; q < p; ++q)
               for (std::size_t i = 0; i < block; ++i) in[static_cast<std::size_t>(q) * block + i] = value(r, q, i);
@@ -1316,11 +1320,13 @@ TEST_CASE("shm: alltoall, alltoallv (known and learned) and a plan on 2..4 ranks
             } else {
               gradsync::alltoall(c, std::span<const int>(in), std::span<int>(out), o);
             }
+            bool ok = true;
             for (int q = 0; q < p; ++q)
-              for (std::size_t i = 0; i < block; ++i)
-                expect(out[static_cast<std::size_t>(q) * block + i] == value(q, r, i), "alltoall",
-                       std::string(gradsync::algorithm_name(a)) + " block " + std::to_string(block) +
-                           (in_place ? " in place" : ""));
+              for (std::size_t i = 0; i < block; ++i) ok &= out[static_cast<std::size_t>(q) * block + i] == value(q, r, i);
+            if (!ok)
+              expect(false, "alltoall",
+                     std::string(gradsync::algorithm_name(a)) + " block " + std::to_string(block) +
+                         (in_place ? " in place" : ""));
           }
       // Uneven: rank s sends d (s + d) * 5000 elements (0 to 30 000).
       std::vector<std::size_t> sc, rc;
