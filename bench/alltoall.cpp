@@ -591,19 +591,8 @@ template <transport C> std::int64_t run_rank(C& c, const config& cfg) {
                    {"global_gamma", m.global.gamma}, {"arena_copy", m.arena.copy}, {"arena_sync", m.arena.sync}});
   rep.header();
   const std::int64_t wrong = with_element(cfg.dt, [&](auto t) { return sweep<C, decltype(t)>(c, cfg, sel, rep); });
-  row like;
-  like.collective = cfg.name;
-  like.transport = cfg.transport;
-  like.ranks = c.size();
-  rep.finish(lim, like);
-  if (cfg.check) rep.note(wrong == 0 ? "all results correct" : "FAILED: " + std::to_string(wrong) + " wrong elements");
+  finish_checked(rep, lim, cfg.name, cfg.transport, c.size(), cfg.check, wrong);
   return wrong;
-}
-
-dtype parse_dtype(std::string_view s) {
-  for (auto d : {dtype::f32, dtype::f64, dtype::bf16})
-    if (dtype_name(d) == s) return d;
-  throw std::invalid_argument("-d: unknown dtype '" + std::string(s) + "'");
 }
 
 } // namespace
@@ -668,7 +657,7 @@ int alltoall_main(std::string_view name, int argc, char** argv) {
   if (algos.empty()) algos = cfg.transport == "mpi" ? "auto,native" : "auto";
   cfg.algos = parse_algos(algos, cfg);
   cfg.algo_list = algos;
-  cfg.dt = parse_dtype(dt);
+  cfg.dt = parse_dtype(dt, {dtype::f32, dtype::f64, dtype::bf16});
   cfg.pat = pat == "skewed" ? pattern::skewed : pat == "moe" ? pattern::moe : pat == "sparse" ? pattern::sparse
                                                                                                 : pattern::uniform;
   cfg.check = check == 1;

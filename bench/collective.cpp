@@ -110,19 +110,8 @@ template <transport C> std::int64_t run_rank(C& c, const config& cfg) {
   rep.header();
   const std::int64_t wrong =
       dispatch_dtype(cfg.dt, [&](auto t) { return sweep<C, decltype(t)>(c, cfg, sel, rep); });
-  row like;
-  like.collective = cfg.name;
-  like.transport = cfg.transport;
-  like.ranks = c.size();
-  rep.finish(lim, like);
-  if (cfg.check) rep.note(wrong == 0 ? "all results correct" : "FAILED: " + std::to_string(wrong) + " wrong elements");
+  finish_checked(rep, lim, cfg.name, cfg.transport, c.size(), cfg.check, wrong);
   return wrong;
-}
-
-dtype parse_dtype(std::string_view s) {
-  for (auto d : {dtype::f32, dtype::f64, dtype::f16, dtype::bf16, dtype::i32, dtype::i64})
-    if (dtype_name(d) == s) return d;
-  throw std::invalid_argument("-d: unknown dtype '" + std::string(s) + "'");
 }
 
 op_kind parse_op(std::string_view s) {
@@ -194,7 +183,7 @@ int collective_main(std::string_view name, int argc, char** argv) {
   cfg.ranks = tr.ranks;
   cfg.algos = parse_algos(algos, cfg.transport);
   cfg.algo_list = algos;
-  cfg.dt = parse_dtype(dt);
+  cfg.dt = parse_dtype(dt, {dtype::f32, dtype::f64, dtype::f16, dtype::bf16, dtype::i32, dtype::i64});
   cfg.op = parse_op(op);
   cfg.check = check == 1;
   cfg.sizes = sw.sizes();

@@ -5,7 +5,9 @@
 
 #include <cstddef>
 #include <cstdio>
+#include <initializer_list>
 #include <memory>
+#include <stdexcept>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -13,6 +15,8 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+
+#include <gradsync/core/dtype.hpp>
 
 namespace gradsync::bench {
 
@@ -145,5 +149,24 @@ private:
   model_params calibration_;
   std::vector<std::pair<std::string, std::string>> attributes_;
 };
+
+/// Closes a checked sweep: finish() for the rows of `collective` on
+/// `transport` with `ranks`, then, with `check`, whether every element was right.
+inline void finish_checked(report& rep, const memcpy_limit& lim, const std::string& collective,
+                           const std::string& transport, int ranks, bool check, long long wrong) {
+  row like;
+  like.collective = collective;
+  like.transport = transport;
+  like.ranks = ranks;
+  rep.finish(lim, like);
+  if (check) rep.note(wrong == 0 ? "all results correct" : "FAILED: " + std::to_string(wrong) + " wrong elements");
+}
+
+/// -d's dtype among `offered`, or an error naming it.
+inline dtype parse_dtype(std::string_view s, std::initializer_list<dtype> offered) {
+  for (auto d : offered)
+    if (dtype_name(d) == s) return d;
+  throw std::invalid_argument("-d: unknown dtype '" + std::string(s) + "'");
+}
 
 } // namespace gradsync::bench

@@ -16,10 +16,7 @@
 //
 //   gnn_fullbatch [--ranks 4] [--steps 100] [--transport inproc|mpi]
 #include <gradsync/alltoall.hpp>
-#include <gradsync/transport/inproc.hpp>
-#if GRADSYNC_EXAMPLE_MPI
-#include <gradsync/transport/mpi.hpp>
-#endif
+#include "reference_run.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -244,59 +241,14 @@ template <class C> int run_rank(C& c, int steps) {
   for (int v = 0; v < g.n; ++v) all[static_cast<std::size_t>(v)] = v, ident[v] = static_cast<std::size_t>(v);
   const std::vector<double> want =
       train(g, all, all.size(), ident, steps, [](int, double*) {}, [](auto&, auto&, double&) {});
-  int bad = 0;
-  for (int s = 0; s < steps; ++s) {
-    const double rel = std::abs(got[s] - want[s]) / std::max(1e-300, std::abs(want[s]));
-    if (s < 3 || s == steps - 1 || rel > 1e-9)
-      std::printf("step %3d  loss %.12f  single-process %.12f  rel diff %.1e\n", s, got[s], want[s], rel);
-    bad += rel > 1e-9;
-  }
+  const int bad = example::steps_differing(got, want);
   std::printf("%d ranks x %d nodes, %d x %d -> %d -> %d GCN: %lld halo bytes in %d steps\n", p, nodes_per_rank,
               g.n, feat, hid, out_dim, static_cast<long long>(wire), steps);
-  if (bad) std::printf("FAILED: %d steps differ from the single-process reference\n", bad);
-  if (!(got.back() < 0.5 * got.front())) {
-    std::printf("FAILED: the loss did not fall below half (%.6f -> %.6f)\n", got.front(), got.back());
-    ++bad;
-  }
-  return bad ? 1 : 0;
+  return example::verdict(bad, got);
 }
 
 } // namespace
 
 int main(int argc, char** argv) {
-  int ranks = 4, steps = 100;
-  std::string transport = "inproc";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--ranks") ranks = std::stoi(v);
-    else if (k == "--steps") steps = std::stoi(v);
-    else if (k == "--transport") transport = v;
-    else if (k == "--lr") lr = std::stod(v);
-    else {
-      std::fprintf(stderr, "usage: gnn_fullbatch [--ranks N] [--steps N] [--transport inproc|mpi] [--lr X]\n");
-      return 2;
-    }
-  }
-  try {
-#if GRADSYNC_EXAMPLE_MPI
-    if (transport == "mpi") {
-      gradsync::mpi::session s(argc, argv);
-      auto comm = s.world();
-      return run_rank(comm, steps);
-    }
-#endif
-    if (transport != "inproc") {
-      std::fprintf(stderr, "gnn_fullbatch: transport '%s' not available\n", transport.c_str());
-      return 2;
-    }
-    int status = 0;
-    gradsync::inproc::run(ranks, [&](gradsync::inproc::communicator& c) {
-      const int rc = run_rank(c, steps);
-      if (c.rank() == 0) status = rc;
-    });
-    return status;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "gnn_fullbatch: %s\n", e.what());
-    return 1;
-  }
+  return example::main("gnn_fullbatch", argc, argv, lr, [](auto& c, int steps) { return run_rank(c, steps); });
 }
