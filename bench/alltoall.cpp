@@ -588,7 +588,8 @@ template <transport C> std::int64_t run_rank(C& c, const config& cfg) {
   const cost_model& m = sel.model();
   rep.calibration({{"local_alpha", m.local.alpha}, {"local_beta", m.local.beta}, {"local_gamma", m.local.gamma},
                    {"global_alpha", m.global.alpha}, {"global_beta", m.global.beta},
-                   {"global_gamma", m.global.gamma}, {"arena_copy", m.arena.copy}, {"arena_sync", m.arena.sync}});
+                   {"global_gamma", m.global.gamma}, {"nic_share", m.nic_share}, {"arena_copy", m.arena.copy},
+                   {"arena_sync", m.arena.sync}});
   rep.header();
   const std::int64_t wrong = with_element(cfg.dt, [&](auto t) { return sweep<C, decltype(t)>(c, cfg, sel, rep); });
   finish_checked(rep, lim, cfg.name, cfg.transport, c.size(), cfg.check, wrong);
@@ -661,6 +662,7 @@ int alltoall_main(std::string_view name, int argc, char** argv) {
   cfg.pat = pat == "skewed" ? pattern::skewed : pat == "moe" ? pattern::moe : pat == "sparse" ? pattern::sparse
                                                                                                 : pattern::uniform;
   cfg.check = check == 1;
+  set_sim_shared_payload(!cfg.check); // simulator timing runs: payloads in SMPI shared memory
   cfg.sizes = sw.sizes();
   cfg.iters = sw.iters;
   cfg.warmup = sw.warmup;

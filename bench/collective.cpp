@@ -106,10 +106,15 @@ template <transport C> std::int64_t run_rank(C& c, const config& cfg) {
   const cost_model& m = sel.model();
   rep.calibration({{"local_alpha", m.local.alpha}, {"local_beta", m.local.beta}, {"local_gamma", m.local.gamma},
                    {"global_alpha", m.global.alpha}, {"global_beta", m.global.beta},
-                   {"global_gamma", m.global.gamma}, {"arena_copy", m.arena.copy}, {"arena_sync", m.arena.sync}});
+                   {"global_gamma", m.global.gamma}, {"nic_share", m.nic_share}, {"arena_copy", m.arena.copy},
+                   {"arena_sync", m.arena.sync}});
   rep.header();
+#if defined(GRADSYNC_BENCH_SIM)
+  const std::int64_t wrong = sweep<C, float>(c, cfg, sel, rep); // the simulator build has f32 alone
+#else
   const std::int64_t wrong =
       dispatch_dtype(cfg.dt, [&](auto t) { return sweep<C, decltype(t)>(c, cfg, sel, rep); });
+#endif
   finish_checked(rep, lim, cfg.name, cfg.transport, c.size(), cfg.check, wrong);
   return wrong;
 }
@@ -183,9 +188,14 @@ int collective_main(std::string_view name, int argc, char** argv) {
   cfg.ranks = tr.ranks;
   cfg.algos = parse_algos(algos, cfg.transport);
   cfg.algo_list = algos;
+#if defined(GRADSYNC_BENCH_SIM)
+  cfg.dt = parse_dtype(dt, {dtype::f32});
+#else
   cfg.dt = parse_dtype(dt, {dtype::f32, dtype::f64, dtype::f16, dtype::bf16, dtype::i32, dtype::i64});
+#endif
   cfg.op = parse_op(op);
   cfg.check = check == 1;
+  set_sim_shared_payload(!cfg.check); // simulator timing runs: payloads in SMPI shared memory
   cfg.sizes = sw.sizes();
   cfg.iters = sw.iters;
   cfg.warmup = sw.warmup;

@@ -11,6 +11,10 @@
 
 #include <nlohmann/json.hpp>
 
+#if defined(GRADSYNC_BENCH_SIM)
+#include <mpi.h>
+#endif
+
 namespace gradsync::bench {
 
 std::size_t parse_bytes(std::string_view s, std::string_view what) {
@@ -116,13 +120,47 @@ iteration_plan plan_iterations(std::size_t bytes, int iters, int warmup) {
   return p;
 }
 
-buffer::buffer(std::size_t bytes)
-    : p_(bytes ? static_cast<std::byte*>(::operator new[](bytes, std::align_val_t{64})) : nullptr),
-      n_(bytes) {
-  if (bytes) std::memset(p_.get(), 0, bytes); // fault the pages in before anything is timed
+double now() {
+#if defined(GRADSYNC_BENCH_SIM)
+  return MPI_Wtime();
+#else
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+#endif
+}
+
+namespace {
+#if defined(GRADSYNC_BENCH_SIM)
+// One flag per simulated rank would be the same value on every rank: the
+// flag is set from the command line, which every rank parses alike.
+bool sim_shared = false;
+#endif
+} // namespace
+
+void set_sim_shared_payload([[maybe_unused]] bool on) {
+#if defined(GRADSYNC_BENCH_SIM)
+  sim_shared = on;
+#endif
+}
+
+buffer::buffer(std::size_t bytes) : n_(bytes) {
+  if (!bytes) return;
+#if defined(GRADSYNC_BENCH_SIM)
+  if (sim_shared) { // SMPI shared memory: contents are not meaningful, so neither filled nor faulted in
+    p_ = std::unique_ptr<std::byte[], del>(static_cast<std::byte*>(SMPI_SHARED_MALLOC(bytes)), del{true});
+    return;
+  }
+#endif
+  p_.reset(static_cast<std::byte*>(::operator new[](bytes, std::align_val_t{64})));
+  std::memset(p_.get(), 0, bytes); // fault the pages in before anything is timed
 }
 
 void buffer::del::operator()(std::byte* p) const noexcept {
+#if defined(GRADSYNC_BENCH_SIM)
+  if (shared) {
+    SMPI_SHARED_FREE(p);
+    return;
+  }
+#endif
   ::operator delete[](p, std::align_val_t{64});
 }
 

@@ -69,6 +69,17 @@ inline constexpr int min_auto_iters = 5;
 /// the iterations, at least 1.
 iteration_plan plan_iterations(std::size_t bytes, int iters, int warmup);
 
+/// Seconds on the clock the bench reports: the simulated one in a SimGrid
+/// SMPI build (GRADSYNC_BENCH_SIM: MPI_Wtime; SMPI does not redirect
+/// std::chrono), else the steady clock.
+double now();
+
+/// In a simulator build, whether payload buffers are SMPI shared memory
+/// (set_sim_shared_payload(true) when results are not checked): every rank's
+/// buffers then map the same few physical pages, so 1024 ranks x 64 MiB fit
+/// in memory and SMPI skips copying their bytes. No effect elsewhere.
+void set_sim_shared_payload(bool on);
+
 /// Heap memory aligned to a cache line (and so to every element type).
 class buffer {
 public:
@@ -80,6 +91,9 @@ public:
 
 private:
   struct del {
+    bool shared; ///< SMPI shared memory (set_sim_shared_payload)
+    del() noexcept : shared(false) {} // not a member initializer: the enclosing class is incomplete here
+    explicit del(bool s) noexcept : shared(s) {}
     void operator()(std::byte* p) const noexcept;
   };
   std::unique_ptr<std::byte[], del> p_;

@@ -90,16 +90,6 @@ template <transport C> double slowest(C& c, double t) {
   return t;
 }
 
-// Seconds on the clock that counts: the simulated one under SMPI (which does
-// not redirect std::chrono), else the steady clock.
-double now() {
-#if defined(GRADSYNC_BENCH_SIM)
-  return MPI_Wtime();
-#else
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-#endif
-}
-
 template <transport C, class F> double time_loop(C& c, const iteration_plan& ip, F&& one) {
   for (int i = 0; i < ip.warmup; ++i) one(i);
   barrier(c);

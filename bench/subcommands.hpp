@@ -10,21 +10,25 @@
 #define GRADSYNC_BENCH_GOSSIP(X)                                                                   \
   X("gossip", gossip_main, "gossip rounds per topology vs the best allreduce; consensus error after R rounds")
 
-// A simulator build (bench/sim/build.sh: SimGrid's smpicxx, main.cpp +
-// common.cpp + gossip.cpp) defines GRADSYNC_BENCH_GOSSIP_ONLY.
-#if defined(GRADSYNC_BENCH_GOSSIP_ONLY)
-#define GRADSYNC_BENCH_SUBCOMMANDS(X) GRADSYNC_BENCH_GOSSIP(X)
-#else
-#define GRADSYNC_BENCH_SUBCOMMANDS(X)                                                              \
+#define GRADSYNC_BENCH_COLLECTIVES(X)                                                              \
   X("allreduce", collective_main, "allreduce: every rank gets the reduction (busbw 2(n-1)/n)")     \
   X("reduce_scatter", collective_main, "reduce-scatter: rank r gets block r (busbw (n-1)/n)")      \
   X("allgather", collective_main, "allgather: every rank gets every block (busbw (n-1)/n)")        \
   X("broadcast", collective_main, "broadcast from rank 0 (busbw 1)")                               \
   X("reduce", collective_main, "reduce to rank 0 (busbw 1)")                                      \
+  X("alltoall", alltoall_main, "alltoall: block q of rank r goes to rank q (busbw (n-1)/n); -a native: MPI_Alltoall") \
+  X("alltoallv", alltoall_main, "alltoallv: per-peer counts (--pattern uniform|skewed|moe|sparse, --dynamic)")
+
+// A simulator build (GRADSYNC_BENCH_SIM, bench/sim/build.sh: SimGrid's
+// smpicxx) has the collectives, the exchanges and gossip over MPI; the
+// codec and fusion subcommands time computation, which it does not simulate.
+#if defined(GRADSYNC_BENCH_SIM)
+#define GRADSYNC_BENCH_SUBCOMMANDS(X) GRADSYNC_BENCH_COLLECTIVES(X) GRADSYNC_BENCH_GOSSIP(X)
+#else
+#define GRADSYNC_BENCH_SUBCOMMANDS(X)                                                              \
+  GRADSYNC_BENCH_COLLECTIVES(X)                                                                    \
   X("compress", compress_main, "gradient codecs: encode/decode GB/s, ratio, error vs memcpy")      \
   X("fusion", fusion_main, "tensor fusion: many tensors fused (engine, grouped) vs one allreduce each") \
-  X("alltoall", alltoall_main, "alltoall: block q of rank r goes to rank q (busbw (n-1)/n); -a native: MPI_Alltoall") \
-  X("alltoallv", alltoall_main, "alltoallv: per-peer counts (--pattern uniform|skewed|moe|sparse, --dynamic)") \
   GRADSYNC_BENCH_GOSSIP(X)
 #endif
 

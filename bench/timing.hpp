@@ -3,7 +3,6 @@
 #pragma once
 
 #include <algorithm>
-#include <chrono>
 #include <span>
 #include <vector>
 
@@ -29,9 +28,9 @@ template <transport C, class F> double time_calls(C& c, F& call, const iteration
   for (int b = 0; b < batches; ++b) {
     const int n = pl.iters / batches + (b < pl.iters % batches ? 1 : 0);
     barrier(c);
-    const auto t0 = std::chrono::steady_clock::now();
+    const double t0 = now();
     for (int i = 0; i < n; ++i) call();
-    t[static_cast<std::size_t>(b)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / n;
+    t[static_cast<std::size_t>(b)] = (now() - t0) / n;
   }
   allreduce(c, std::span<double>(t), op::max{});
   std::sort(t.begin(), t.end());

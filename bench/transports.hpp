@@ -23,7 +23,10 @@
 #include <gradsync/transport/mpi.hpp>
 #endif
 
-#if defined(__linux__) && __has_include(<gradsync/transport/shm.hpp>)
+// A simulator build (GRADSYNC_BENCH_SIM: SimGrid SMPI, bench/sim/build.sh)
+// has MPI alone: SMPI's ranks are simulated actors in one process, which
+// threads and forked processes of the other transports would escape.
+#if defined(__linux__) && __has_include(<gradsync/transport/shm.hpp>) && !defined(GRADSYNC_BENCH_SIM)
 #define GRADSYNC_BENCH_SHM 1
 #include <csignal>
 #include <filesystem>
@@ -48,14 +51,22 @@
 #else
 #define GRADSYNC_BENCH_COMM_SHM(X)
 #endif
+#if defined(GRADSYNC_BENCH_SIM)
+#define GRADSYNC_BENCH_COMMUNICATORS(X) GRADSYNC_BENCH_COMM_MPI(X)
+#else
 #define GRADSYNC_BENCH_COMMUNICATORS(X) \
   X(::gradsync::inproc::communicator) GRADSYNC_BENCH_COMM_MPI(X) GRADSYNC_BENCH_COMM_SHM(X)
+#endif
 
 namespace gradsync::bench {
 
 /// Names of the transports compiled into this binary.
 inline std::vector<std::string_view> transport_names() {
+#if defined(GRADSYNC_BENCH_SIM)
+  std::vector<std::string_view> v;
+#else
   std::vector<std::string_view> v{"inproc"};
+#endif
 #if defined(GRADSYNC_BENCH_MPI)
   v.push_back("mpi");
 #endif
@@ -97,7 +108,11 @@ struct transport_options {
   }
   /// Fills in the default and rejects contradictions (throws std::invalid_argument).
   void resolve() {
+#if defined(GRADSYNC_BENCH_SIM)
+    if (name.empty()) name = "mpi";
+#else
     if (name.empty()) name = under_mpiexec() ? "mpi" : "inproc";
+#endif
     if (name == "mpi" && ranks_opt && ranks_opt->count() > 0)
       throw std::invalid_argument("--ranks does not apply to -t mpi: the world size is mpiexec's -n");
     if (!timeline.empty()) ::setenv("GRADSYNC_TIMELINE", timeline.c_str(), 1); // read as communicators are made
@@ -187,7 +202,9 @@ template <class Body> void run_shm(int ranks, Body& body) {
 /// Runs `body(comm)` on every rank of transport `name` (validated by
 /// transport_options); `ranks` is ignored by mpi.
 template <class Body> void with_transport(std::string_view name, int ranks, Body&& body) {
+#if !defined(GRADSYNC_BENCH_SIM)
   if (name == "inproc") return run_inproc(ranks, body);
+#endif
 #if defined(GRADSYNC_BENCH_MPI)
   if (name == "mpi") return run_mpi(ranks, body);
 #endif

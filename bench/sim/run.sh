@@ -1,10 +1,19 @@
 #!/bin/sh
-# Runs the SMPI build of gradsync-bench gossip on a two-level platform:
-#   bench/sim/run.sh [--rail] NP [gossip options...]
-# e.g. bench/sim/run.sh 64 -g one_peer -b 1M -e 4M -f 4 -n 3 -w 1
-# Default platform: cluster.xml (nodes of 8 ranks sharing one 10 Gbit/s NIC).
-# --rail: rail.py's platform (the same links, but one NIC per rank, as GPU
-# clusters are built).
+# Runs the SMPI build of gradsync-bench on a simulated two-level cluster:
+#   bench/sim/run.sh [--platform shared|fast|rail] [--rail] NP [SUBCOMMAND] [options...]
+# e.g. bench/sim/run.sh 256 allreduce -a auto,ring,rabenseifner -b 8 -e 64M -f 8 -c 0
+#      bench/sim/run.sh --platform rail 64 gossip -g one_peer -b 1M -e 4M
+# SUBCOMMAND defaults to gossip (the first simulated one). Platforms
+# (platform.py): `shared` (default) nodes of 8 ranks sharing one 10 Gbit/s
+# NIC; `fast` the same with 100 Gbit/s NICs; `rail` one 10 Gbit/s NIC per
+# rank (--rail is short for it).
+# Payloads: with -c 0 the bench allocates them as SMPI shared memory
+# (smpi/shared-malloc:global maps every rank's buffers onto the same pages,
+# and SMPI then skips copying their bytes), so 1024 ranks x 64 MiB fit in
+# memory; -c 1 runs (private buffers, every result checked) stay small.
+# The shared block is 256 MiB, mapped once per buffer: with SMPI's 1 MiB
+# default, 1024 ranks' 64 MiB buffers needed more mappings than Linux
+# allows (vm.max_map_count 65530: "Could not map folded virtual memory").
 # smpi/allgather:ring: SMPI's default MPI_Allgather posts p-1 sends and
 # receives per rank at once and finishing them is quadratic in SimGrid 3.32
 # (a list scan per completion): the one-int allgather of the communicator's
@@ -15,24 +24,26 @@
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 bin=${GRADSYNC_SMPI_BIN:-$here/../../build-sim/gradsync-bench-smpi}
-rail=0
-if [ "${1:-}" = --rail ]; then rail=1; shift; fi
+kind=shared
+while :; do
+  case "${1:-}" in
+  --rail) kind=rail; shift ;;
+  --platform) kind=$2; shift 2 ;;
+  *) break ;;
+  esac
+done
 np=$1
 shift
+sub=gossip
+case "${1:-}" in
+"" | -*) ;;
+*) sub=$1; shift ;;
+esac
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-if [ "$rail" = 1 ]; then
-  platform=$tmp/rail.xml
-  python3 "$here/rail.py" "$np" "$platform" "$tmp/hosts"
-else
-  platform=$here/cluster.xml
-  n=0
-  while [ "$n" -lt "$np" ]; do
-    echo "node-$((n / 8))" >> "$tmp/hosts"
-    n=$((n + 1))
-  done
-fi
+python3 "$here/platform.py" "$kind" "$np" "$tmp/platform.xml" "$tmp/hosts"
 # Not exec: the trap removes the generated platform afterwards.
-smpirun -np "$np" -platform "$platform" -hostfile "$tmp/hosts" \
-  --cfg=smpi/simulate-computation:no --cfg=smpi/test:1e-7 --cfg=smpi/allgather:ring --cfg=smpi/display-timing:yes --log=root.thres:warning \
-  "$bin" gossip -t mpi "$@"
+smpirun -np "$np" -platform "$tmp/platform.xml" -hostfile "$tmp/hosts" \
+  --cfg=smpi/simulate-computation:no --cfg=smpi/test:1e-7 --cfg=smpi/allgather:ring \
+  --cfg=smpi/shared-malloc:global --cfg=smpi/shared-malloc-blocksize:268435456 --cfg=smpi/display-timing:yes --log=root.thres:warning \
+  "$bin" "$sub" -t mpi "$@"

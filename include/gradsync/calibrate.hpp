@@ -36,13 +36,13 @@ namespace gradsync {
 
 namespace detail {
 
-/// Seconds of the fastest of `iters` calls of f().
-template <class F> double best_seconds(int iters, F f) {
+/// Seconds (on c's clock: seconds_now) of the fastest of `iters` calls of f().
+template <transport C, class F> double best_seconds(const C& c, int iters, F f) {
   double best = std::numeric_limits<double>::infinity();
   for (int i = 0; i < iters; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const double t0 = seconds_now(c);
     f();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best, seconds_now(c) - t0);
   }
   return best;
 }
@@ -72,9 +72,9 @@ double exchange_step(C& c, int to, int from, std::size_t bytes, int iters, int t
   // The mean, not the best: with more ranks than cores the best step is one
   // in which the pair happened to have the cores to itself, which a
   // collective's steps do not.
-  const auto t0 = std::chrono::steady_clock::now();
+  const double t0 = seconds_now(c);
   for (int k = 0; k < iters; ++k) step();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+  return (seconds_now(c) - t0) / iters;
 }
 
 /// alpha and beta of one exchange step with partners `to` and `from` (-1:
@@ -93,19 +93,20 @@ template <transport C> link_cost measure_step(C& c, int to, int from, int tag) {
 
 /// Seconds per byte on this rank (best of a few passes over
 /// policy::calibrate_bytes) of the float sum kernel (gamma) and of memcpy
-/// (the arena's copy cost).
+/// (the arena's copy cost), on c's clock (under a simulator that does not
+/// simulate computation: 0).
 struct kernel_costs {
   double gamma = 0, copy = 0;
 };
-inline kernel_costs measure_kernels() {
+template <transport C> kernel_costs measure_kernels(const C& c) {
   const std::size_t n = policy::calibrate_bytes / sizeof(float);
   std::vector<float> a(n, 1.0f), b(n, 2.0f);
   const auto per_byte = [](double s) { return s / static_cast<double>(policy::calibrate_bytes); };
   kernel_costs k;
-  k.gamma = per_byte(best_seconds(5, [&] {
+  k.gamma = per_byte(best_seconds(c, 5, [&] {
     combine(a.data(), static_cast<const float*>(a.data()), static_cast<const float*>(b.data()), n, op::sum{});
   }));
-  k.copy = per_byte(best_seconds(5, [&] {
+  k.copy = per_byte(best_seconds(c, 5, [&] {
     std::memcpy(b.data(), a.data(), policy::calibrate_bytes);
 #if defined(__GNUC__)
     asm volatile("" : : "r"(b.data()) : "memory"); // the copy must happen, and here
@@ -128,10 +129,10 @@ template <transport C> direct_times time_direct(C& c) {
     std::vector<float> x(policy::calibrate_bytes / sizeof(float), 1.0f);
     const options direct{.algo = algorithm::direct};
     auto best = [&](std::size_t n, int iters) {
-      return best_seconds(iters, [&] { allreduce(c, std::span<float>(x.data(), n), op::max{}, direct); });
+      return best_seconds(c, iters, [&] { allreduce(c, std::span<float>(x.data(), n), op::max{}, direct); });
     };
     const options ring{.algo = algorithm::ring};
-    const double ring_s = best_seconds(policy::calibrate_iters / 4 + 1,
+    const double ring_s = best_seconds(c, policy::calibrate_iters / 4 + 1,
                                        [&] { allreduce(c, std::span<float>(x), op::max{}, ring); });
     return {best(1, policy::calibrate_iters), best(x.size(), policy::calibrate_iters / 4 + 1), ring_s};
   } else {
@@ -150,7 +151,10 @@ inline std::int64_t env_hash(std::string_view s) {
 /// exchange_step: 8 bytes for alpha, policy::calibrate_bytes for beta)
 /// around each group and, when there are several groups, between
 /// neighbouring groups (groups as in groups_of: blocks of `group_size`, else
-/// the transport's nodes), and the float reduce kernel on every rank; reads GRADSYNC_ALGO once. The measurements (the slowest rank's
+/// the transport's nodes) with every rank and then one rank per group
+/// crossing (the global link, and from the ratio of the two betas the
+/// model's nic_share), and the float reduce kernel on every rank; times
+/// are on the transport's clock (seconds_now: simulated under SMPI); reads GRADSYNC_ALGO once. The measurements (the slowest rank's
 /// gamma and memcpy cost) and the table are agreed by an allreduce, so every
 /// rank returns the same selector. On a transport with a shared-memory arena
 /// it also times the direct allreduce of 4 bytes (the arena's sync) and of
@@ -186,15 +190,21 @@ template <transport C> selector calibrate(C& c, int group_size = 0, const option
     return ng > 1 && idx < static_cast<int>(mem.size()) ? mem[static_cast<std::size_t>(idx)] : -1;
   };
   const link_cost local = detail::measure_step(c, lto, lfrom, o.tag);
-  const link_cost global = detail::measure_step(c, member((k + 1) % ng, i), member((k + ng - 1) % ng, i), o.tag);
+  // Between groups twice: every rank crossing at once, then rank 0 of each
+  // group alone: their betas' ratio is how many crossing ranks share one
+  // link out of a group (cost_model::nic_share).
+  const int gto = member((k + 1) % ng, i), gfrom = member((k + ng - 1) % ng, i);
+  const link_cost crowded = detail::measure_step(c, gto, gfrom, o.tag);
+  const link_cost global = detail::measure_step(c, i == 0 ? gto : -1, i == 0 ? gfrom : -1, o.tag);
   const detail::direct_times direct = detail::time_direct(c);
-  const detail::kernel_costs kernels = detail::measure_kernels();
+  const detail::kernel_costs kernels = detail::measure_kernels(c);
   const double h = static_cast<double>(detail::env_hash(spec));
   // max over ranks of: step times (the slowest rank's), gamma, the table's
   // hash and its negation (equal everywhere iff max(h) == -max(-h)), error
   // flag, memcpy cost, the direct allreduce's times.
   std::vector<double> v{local.alpha, local.beta, global.alpha, global.beta, kernels.gamma,
-                        h, -h, parse_error ? 1.0 : 0.0, kernels.copy, direct.small, direct.large, direct.ring};
+                        h, -h, parse_error ? 1.0 : 0.0, kernels.copy, direct.small, direct.large, direct.ring,
+                        crowded.beta, static_cast<double>(groups.max_size())};
   // A fixed schedule: `automatic` would consult a model, which is what this
   // call is still agreeing on.
   allreduce(c, std::span<double>(v), op::max{}, options{.algo = algorithm::ring, .tag = o.tag});
@@ -206,6 +216,8 @@ template <transport C> selector calibrate(C& c, int group_size = 0, const option
   cost_model m;
   m.local = {v[0], v[1], v[4]};
   m.global = groups.count() > 1 ? link_cost{v[2], v[3], v[4]} : m.local;
+  if (groups.max_size() <= 1) m.local = m.global; // groups of one rank: no link inside a group to time
+  if (groups.count() > 1 && v[3] > 0) m.nic_share = std::clamp(v[12] / v[3], 1.0, std::max(1.0, v[13]));
   m.arena.copy = v[8];
   m.arena.sync = v[9] > 0 ? v[9] : v[0];
   if constexpr (shared_arena<C>) {

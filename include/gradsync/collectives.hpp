@@ -14,12 +14,16 @@
 #include <string_view>
 #include <type_traits>
 
+#include "algo/bruck.hpp"
 #include "algo/chain.hpp"
 #include "algo/dispatch.hpp"
 #include "algo/dissemination.hpp"
 #include "algo/hierarchical.hpp"
 #include "algo/options.hpp"
+#include "algo/recursive_doubling.hpp"
+#include "algo/recursive_halving.hpp"
 #include "algo/ring.hpp"
+#include "algo/scatter_allgather.hpp"
 #include "algo/select.hpp"
 #include "algo/shm_direct.hpp"
 #include "algo/shm_direct_rooted.hpp"
@@ -109,8 +113,10 @@ enum class check_path { none, inband, arena, board, messages, framed };
 // others) in the schedule of `f`, each rank sending only after it received
 // what its sends depend on: recursive doubling and Rabenseifner (and their
 // fold for other rank counts), the ring (p - 1 steps from the left), the
-// trees' reduce then broadcast, the exchanges' every-pair messages and
-// Bruck's rounds, the dissemination barrier. Not broadcast, reduce or
+// trees' reduce then broadcast, the gathers' Bruck and recursive doubling
+// or halving rounds (every rank's block reaches, or is reduced from, every
+// rank), the exchanges' every-pair messages and Bruck's rounds, the
+// dissemination barrier. Not broadcast, reduce or
 // gossip (their data does not reach every rank), nor calls with nothing to
 // send.
 constexpr bool disseminates(const call_fingerprint& f) {
@@ -119,7 +125,8 @@ constexpr bool disseminates(const call_fingerprint& f) {
     return f.count > 0 && (f.algo == algorithm::rd || f.algo == algorithm::rabenseifner || f.algo == algorithm::ring ||
                            f.algo == algorithm::tree || f.algo == algorithm::dbtree);
   case call_kind::reduce_scatter:
-  case call_kind::allgather: return f.count > 0 && f.algo == algorithm::ring;
+  case call_kind::allgather:
+    return f.count > 0 && (f.algo == algorithm::ring || f.algo == algorithm::bruck || f.algo == algorithm::rd);
   case call_kind::alltoall:
     return f.count > 0 && (f.algo == algorithm::pairwise || f.algo == algorithm::scattered || f.algo == algorithm::bruck);
   case call_kind::barrier: return true;
@@ -470,9 +477,14 @@ void allreduce(C& c, std::span<T> data, Op op = {}, const options& o = {}) {
 /// Scratch bytes `reduce_scatter` needs for blocks of `block` elements.
 template <element T, transport C, executor E = exec::host>
 std::size_t reduce_scatter_workspace_bytes(const C& c, std::size_t block, const options& o = {}) {
-  if (reduce_scatter_algorithm<T, C, E>(c, block, o) != algorithm::ring) return 0;
   const auto p = static_cast<std::size_t>(c.size());
-  return algo::ring::scratch_elems(partition{block * p, p}, sizeof(T), o.segment(), c.size()) * sizeof(T);
+  const partition blocks{block * p, p};
+  switch (reduce_scatter_algorithm<T, C, E>(c, block, o)) {
+  case algorithm::ring: return algo::ring::scratch_elems(blocks, sizeof(T), o.segment(), c.size()) * sizeof(T);
+  case algorithm::bruck: return algo::bruck::reduce_scatter_scratch_bytes<T>(blocks, o.segment(), c.size());
+  case algorithm::rd: return algo::recursive_halving::scratch_bytes<T>(blocks, o.segment(), c.size());
+  default: return 0;
+  }
 }
 
 /// Reduce-scatter: `in` holds size() blocks of `out.size()` elements; rank r
@@ -497,7 +509,9 @@ void reduce_scatter(C& c, E& ex, std::type_identity_t<std::span<const T>> in, st
   }
   detail::check_tag(o.tag, name, r);
   const algorithm a = reduce_scatter_algorithm<T, C, E>(c, n, o);
-  if (a != algorithm::ring && (a != algorithm::direct || !detail::arena_for<C, E>)) detail::unsupported(name, r, a);
+  if (a != algorithm::ring && a != algorithm::bruck && a != algorithm::rd &&
+      (a != algorithm::direct || !detail::arena_for<C, E>))
+    detail::unsupported(name, r, a);
   auto ws = ex.template scratch<T>(o.workspace, reduce_scatter_workspace_bytes<T, C, E>(c, n, o) / sizeof(T), name, r);
   detail::run_call(c, name, detail::fingerprint_of<T, Op>(call_kind::reduce_scatter, n, a), in.size_bytes(), o, [&] {
     if (a == algorithm::direct) {
@@ -505,8 +519,13 @@ void reduce_scatter(C& c, E& ex, std::type_identity_t<std::span<const T>> in, st
       return;
     }
     const algo::typed_reduce<T, Op, E> sop{ex, op, c.size(), trace_of(c)};
-    algo::ring::reduce_scatter(c, sop, in.data(), own, partition{n * p, p}, o.segment(), o.tag,
-                               reinterpret_cast<std::byte*>(ws.data()));
+    auto* w = reinterpret_cast<std::byte*>(ws.data());
+    if (a == algorithm::bruck)
+      algo::bruck::reduce_scatter(c, sop, in.data(), own, partition{n * p, p}, o.segment(), o.tag, w);
+    else if (a == algorithm::rd)
+      algo::recursive_halving::reduce_scatter(c, sop, in.data(), own, partition{n * p, p}, o.segment(), o.tag, w);
+    else
+      algo::ring::reduce_scatter(c, sop, in.data(), own, partition{n * p, p}, o.segment(), o.tag, w);
   });
 }
 
@@ -537,7 +556,9 @@ void allgather(C& c, E& ex, std::type_identity_t<std::span<const T>> in, std::sp
   if (n != 0 && own != in.data()) detail::check_alias(in, out, name, r);
   detail::check_tag(o.tag, name, r);
   const algorithm a = allgather_algorithm<T, C, E>(c, n, o);
-  if (a != algorithm::ring && (a != algorithm::direct || !detail::arena_for<C, E>)) detail::unsupported(name, r, a);
+  if (a != algorithm::ring && a != algorithm::bruck && a != algorithm::rd &&
+      (a != algorithm::direct || !detail::arena_for<C, E>))
+    detail::unsupported(name, r, a);
   detail::run_call(c, name, detail::fingerprint_of<T, void>(call_kind::allgather, n, a), out.size_bytes(), o, [&] {
     if (a == algorithm::direct) {
       if constexpr (detail::arena_for<C, E>) algo::shm_direct::allgather(c, in.data(), out.data(), n);
@@ -545,7 +566,9 @@ void allgather(C& c, E& ex, std::type_identity_t<std::span<const T>> in, std::sp
     }
     ex.copy(own, in.data(), n);
     const algo::typed_reduce<T, op::sum, E> sop{ex, op::sum{}, c.size()}; // copies only
-    algo::ring::allgather(c, sop, out.data(), partition{n * p, p}, o.segment(), o.tag, nullptr);
+    if (a == algorithm::bruck) algo::bruck::allgather(c, sop, out.data(), partition{n * p, p}, o.tag);
+    else if (a == algorithm::rd) algo::recursive_doubling::allgather(c, sop, out.data(), partition{n * p, p}, o.tag);
+    else algo::ring::allgather(c, sop, out.data(), partition{n * p, p}, o.segment(), o.tag, nullptr);
   });
 }
 
@@ -569,17 +592,22 @@ void broadcast(C& c, E& ex, std::span<T> data, int root, const options& o = {}) 
   detail::check_root(root, c.size(), name, r);
   detail::check_tag(o.tag, name, r);
   const algorithm a = broadcast_algorithm<T, C, E>(c, data.size(), o);
-  if (a != algorithm::ring && a != algorithm::tree && (a != algorithm::direct || !detail::arena_for<C, E>))
+  if (a != algorithm::ring && a != algorithm::tree && a != algorithm::scatter_allgather &&
+      (a != algorithm::direct || !detail::arena_for<C, E>))
     detail::unsupported(name, r, a);
   detail::run_call(c, name, detail::fingerprint_of<T, void>(call_kind::broadcast, data.size(), a, root),
                    data.size_bytes(), o, [&] {
                      if (a == algorithm::direct) {
                        if constexpr (detail::arena_for<C, E>)
                          algo::shm_direct::broadcast(c, data.data(), data.size(), root);
-                     } else if (a == algorithm::tree)
+                     } else if (a == algorithm::tree) {
                        algo::tree::broadcast(c, ex, data.data(), data.size(), root, o.segment(), o.tag);
-                     else
+                     } else if (a == algorithm::scatter_allgather) {
+                       const algo::typed_reduce<T, op::sum, E> sop{ex, op::sum{}, c.size()}; // copies only
+                       algo::scatter_allgather::broadcast(c, sop, data.data(), data.size(), root, o.segment(), o.tag);
+                     } else {
                        algo::chain::broadcast(c, ex, data.data(), data.size(), root, o.segment(), o.tag);
+                     }
                    });
 }
 

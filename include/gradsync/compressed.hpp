@@ -190,8 +190,8 @@ codec_costs measure_codec_costs(C& c, const compress::spec& s, std::size_t eleme
   compress::with_codec<T>(s, elements, [&](const auto& k, auto st) {
     std::vector<std::byte> ws(k.workspace_bytes(elements)), out(k.max_encoded_bytes(elements));
     std::size_t bytes = 0;
-    t[0] = detail::best_seconds(iters, [&] { bytes = k.encode(std::span<const T>(x), st, ws, out); });
-    t[1] = detail::best_seconds(iters, [&] { k.decode(std::span<const std::byte>(out.data(), bytes), std::span<T>(y)); });
+    t[0] = detail::best_seconds(c, iters, [&] { bytes = k.encode(std::span<const T>(x), st, ws, out); });
+    t[1] = detail::best_seconds(c, iters, [&] { k.decode(std::span<const std::byte>(out.data(), bytes), std::span<T>(y)); });
     t[2] = static_cast<double>(bytes);
   });
   const double in_bytes = static_cast<double>(elements * sizeof(T));

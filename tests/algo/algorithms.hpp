@@ -21,6 +21,8 @@ inline constexpr algorithm algorithms_under_test[] = {
     algorithm::rabenseifner,
     algorithm::hier,
     algorithm::twod,
+    algorithm::bruck,
+    algorithm::scatter_allgather,
 };
 
 /// Extra options an algorithm needs on inproc ranks: hier has no node_of
@@ -37,8 +39,10 @@ constexpr bool implements(collective c, algorithm a) {
   case algorithm::automatic:
   case algorithm::ring: return true;
   case algorithm::tree: return c == collective::allreduce || c == collective::broadcast || c == collective::reduce;
+  case algorithm::rd: return c == collective::allreduce || c == collective::reduce_scatter || c == collective::allgather;
+  case algorithm::bruck: return c == collective::reduce_scatter || c == collective::allgather;
+  case algorithm::scatter_allgather: return c == collective::broadcast;
   case algorithm::dbtree:
-  case algorithm::rd:
   case algorithm::rabenseifner:
   case algorithm::hier:
   case algorithm::twod: return c == collective::allreduce;

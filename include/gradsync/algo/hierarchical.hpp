@@ -110,7 +110,8 @@ void allreduce(C& c, E& ex, const T* in, T* out, std::size_t count, Op op, const
         std::vector<int> column; // the holder of shard k in every group
         for (const auto& grp : groups.members) column.push_back(grp[k % grp.size()]);
         subgroup<C> cross(c, std::move(column), policy::level_tag_shift);
-        const algorithm a = inner == algorithm::automatic ? sel.choose_inner(n * sizeof(T), m, seg_bytes) : inner;
+        const algorithm a =
+            inner == algorithm::automatic ? sel.choose_inner(n * sizeof(T), m, seg_bytes, groups.max_size()) : inner;
         flat_allreduce(a, cross, ex, static_cast<const T*>(data), data, n, partial_op<Op>{}, seg_bytes, tag, scratch);
       });
 }
@@ -128,7 +129,8 @@ void allreduce(L& local, X& cross, E& ex, const T* in, T* out, std::size_t count
   const int m = cross.size();
   run(local, ex, local.size(), in, out, count, op, local.size() * m, seg_bytes, tag, scratch,
       [&](std::size_t, T* data, std::size_t n) {
-        const algorithm a = inner == algorithm::automatic ? sel.choose_inner(n * sizeof(T), m, seg_bytes) : inner;
+        const algorithm a =
+            inner == algorithm::automatic ? sel.choose_inner(n * sizeof(T), m, seg_bytes, local.size()) : inner;
         flat_allreduce(a, cross, ex, static_cast<const T*>(data), data, n, partial_op<Op>{}, seg_bytes,
                        tag + policy::level_tag_shift, scratch);
       });

@@ -18,14 +18,15 @@ enum class algorithm {
   ring,      ///< pipelined ring: reduce-scatter then allgather
   tree,      ///< binomial tree reduce + broadcast
   dbtree,    ///< pipelined double binary tree
-  rd,        ///< recursive doubling
+  rd,        ///< recursive doubling (allreduce, allgather; reduce_scatter: recursive halving)
   rabenseifner, ///< recursive halving reduce-scatter + recursive doubling allgather
   hier,      ///< hierarchical: intra-group, inter-group, intra-group
   twod,      ///< 2-D grid: row reduce-scatter, column ring allreduce, row allgather
   direct,    ///< shared memory only: reduce in place from every rank's staged copy (algo/shm_direct.hpp)
   pairwise,  ///< alltoall(v): one peer pair per step (algo/alltoall_pairwise.hpp)
   scattered, ///< alltoall(v): a window of peers in flight (algo/alltoall_scattered.hpp)
-  bruck,     ///< alltoall: log2 p rounds of packed blocks (algo/alltoall_bruck.hpp)
+  bruck,     ///< log2 p rounds for any p: alltoall (algo/alltoall_bruck.hpp), allgather and reduce_scatter (algo/bruck.hpp)
+  scatter_allgather, ///< broadcast: binomial scatter, then ring allgather (algo/scatter_allgather.hpp)
 };
 
 /// Name used by options, the bench's `-a` and GRADSYNC_ALGO.
@@ -43,6 +44,7 @@ constexpr std::string_view algorithm_name(algorithm a) {
   case algorithm::pairwise: return "pairwise";
   case algorithm::scattered: return "scattered";
   case algorithm::bruck: return "bruck";
+  case algorithm::scatter_allgather: return "scatter_allgather";
   }
   return "?";
 }
@@ -51,7 +53,8 @@ constexpr std::string_view algorithm_name(algorithm a) {
 constexpr bool parse_algorithm(std::string_view s, algorithm& out) {
   for (auto a : {algorithm::automatic, algorithm::ring, algorithm::tree, algorithm::dbtree,
                  algorithm::rd, algorithm::rabenseifner, algorithm::hier, algorithm::twod,
-                 algorithm::direct, algorithm::pairwise, algorithm::scattered, algorithm::bruck})
+                 algorithm::direct, algorithm::pairwise, algorithm::scattered, algorithm::bruck,
+                 algorithm::scatter_allgather})
     if (algorithm_name(a) == s) {
       out = a;
       return true;

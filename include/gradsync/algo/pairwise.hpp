@@ -71,6 +71,11 @@ struct fold {
   }
   /// Real rank of survivor `v`.
   int outer(int v) const { return v < rem ? 2 * v + 1 : v + rem; }
+  /// First of the real ranks survivor `v` stands for (two for v < rem: the
+  /// folded even rank and itself; v may equal pof2, giving p): survivors
+  /// stand for consecutive ranks, so an aligned range of survivors covers a
+  /// contiguous range of per-rank blocks.
+  int first(int v) const { return v < rem ? 2 * v : v + rem; }
   /// log2(p').
   int steps() const { return std::countr_zero(static_cast<unsigned>(pof2)); }
 };
@@ -128,49 +133,66 @@ private:
   int peer_, tag_;
 };
 
-/// Sends `send_n` elements of `snd` to `peer` and receives `keep_n` elements
-/// from it, setting acc = op(lower, higher) where this rank's operand is `mine`
-/// (`i_am_lower` says which side it is). Both transfers are cut into segments
-/// of `seg` elements; received ones are staged in `scratch`
-/// (scratch_bytes(...)). `acc` may alias `mine`, and `snd` may alias both
-/// (each segment is overwritten only after it has been sent).
+/// Sends `send_n` elements of `snd` to `to` and receives `keep_n` elements
+/// from `from`, setting acc = op(received, mine) when `got_first`, else
+/// op(mine, received). Both transfers are cut into segments of `seg`
+/// elements; received ones are staged in `scratch` (scratch_bytes(...)).
+/// `acc` may alias `mine`, and `snd` may alias both (each segment is
+/// overwritten only after it has been sent).
 template <transport C, segment_op S>
-void exchange_combine(C& c, const S& sop, int peer, bool i_am_lower, const typename S::value_type* snd,
-                      std::size_t send_n, const typename S::value_type* mine, typename S::value_type* acc,
-                      std::size_t keep_n, std::size_t seg, int tag, std::byte* scratch) {
+void shift_combine(C& c, const S& sop, int to, int from, bool got_first, const typename S::value_type* snd,
+                   std::size_t send_n, const typename S::value_type* mine, typename S::value_type* acc,
+                   std::size_t keep_n, std::size_t seg, int tag, std::byte* scratch) {
   const std::size_t stride = sop.slot_bytes(std::min(seg, std::max(send_n, keep_n)));
   sop.fence(); // `snd` may have been written by the executor
-  segment_sender<C, S> out(c, sop, snd, send_n, seg, scratch + stride, stride, peer, tag);
+  segment_sender<C, S> out(c, sop, snd, send_n, seg, scratch + stride, stride, to, tag);
   for (std::size_t off = 0; off < keep_n; off += seg) {
     const std::size_t n = std::min(seg, keep_n - off);
-    const auto got = recv_segment<S>(c, {scratch, sop.slot_bytes(n)}, peer, tag);
+    const auto got = recv_segment<S>(c, {scratch, sop.slot_bytes(n)}, from, tag);
     if (snd < acc + off + n && acc + off < snd + send_n) // acc[off, off+n) is about to change
       out.release(static_cast<std::size_t>(acc + off + n - snd));
-    sop.combine(got, mine + off, acc + off, n, !i_am_lower);
+    sop.combine(got, mine + off, acc + off, n, got_first);
     out.advance();
   }
   out.finish();
 }
 
-/// Sends `send_n` elements of `snd` to `peer` and receives `recv_n` into `dst`.
-/// Operations whose wire form is the elements move each range as one
-/// message; others in segments of `seg`, received through `scratch`.
+/// shift_combine with one partner `peer`, the two combining as op(lower
+/// rank's data, higher rank's data) (`i_am_lower` says which side this is).
 template <transport C, segment_op S>
-void exchange_copy(C& c, const S& sop, int peer, const typename S::value_type* snd, std::size_t send_n,
-                   typename S::value_type* dst, std::size_t recv_n, std::size_t seg, int tag, std::byte* scratch) {
+void exchange_combine(C& c, const S& sop, int peer, bool i_am_lower, const typename S::value_type* snd,
+                      std::size_t send_n, const typename S::value_type* mine, typename S::value_type* acc,
+                      std::size_t keep_n, std::size_t seg, int tag, std::byte* scratch) {
+  shift_combine(c, sop, peer, peer, !i_am_lower, snd, send_n, mine, acc, keep_n, seg, tag, scratch);
+}
+
+/// Sends `send_n` elements of `snd` to `to` and receives `recv_n` from
+/// `from` into `dst`. Operations whose wire form is the elements move each
+/// range as one message; others in segments of `seg`, received through
+/// `scratch`.
+template <transport C, segment_op S>
+void shift_copy(C& c, const S& sop, int to, const typename S::value_type* snd, std::size_t send_n, int from,
+                typename S::value_type* dst, std::size_t recv_n, std::size_t seg, int tag, std::byte* scratch) {
   constexpr bool whole = S::in_place_copy && !S::staged_send;
   const std::size_t cseg = whole ? std::max<std::size_t>({send_n, recv_n, 1}) : seg;
   const std::size_t stride = whole ? 0 : sop.slot_bytes(std::min(seg, std::max(send_n, recv_n)));
   sop.fence();
-  segment_sender<C, S> out(c, sop, snd, send_n, cseg, scratch + stride, stride, peer, tag);
+  segment_sender<C, S> out(c, sop, snd, send_n, cseg, scratch + stride, stride, to, tag);
   for (std::size_t off = 0; off < recv_n; off += cseg) {
     const std::size_t n = std::min(cseg, recv_n - off);
     const std::span<std::byte> t = S::in_place_copy ? sop.recv_target(dst + off, n, nullptr)
                                                     : std::span<std::byte>(scratch, sop.slot_bytes(n));
-    sop.copy(recv_segment<S>(c, t, peer, tag), dst + off, n);
+    sop.copy(recv_segment<S>(c, t, from, tag), dst + off, n);
     out.advance();
   }
   out.finish();
+}
+
+/// shift_copy with one partner `peer`.
+template <transport C, segment_op S>
+void exchange_copy(C& c, const S& sop, int peer, const typename S::value_type* snd, std::size_t send_n,
+                   typename S::value_type* dst, std::size_t recv_n, std::size_t seg, int tag, std::byte* scratch) {
+  shift_copy(c, sop, peer, snd, send_n, peer, dst, recv_n, seg, tag, scratch);
 }
 
 /// The fold's first half: an even rank r < 2*rem sends `in` to r+1; an odd

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -73,5 +74,38 @@ template <class R> void wait_all(std::vector<R>& v) {
   v.clear();
   if (first) throw *first;
 }
+
+/// Up to N requests in flight without a heap allocation (a schedule step's
+/// few messages): add() them, wait() for all (all of them, even if one throws).
+template <transport C, std::size_t N> class request_set {
+public:
+  void add(request_t<C>&& r) {
+    GRADSYNC_REQUIRE(n_ < N, "schedule", -1, "request_set full (" + std::to_string(N) + ")");
+    q_[n_++].emplace(std::move(r));
+  }
+  void wait() {
+    std::optional<error> first;
+    for (std::size_t i = 0; i < n_; ++i) {
+      try {
+        q_[i]->wait();
+      } catch (const error& e) {
+        if (!first) first = e;
+      }
+      q_[i].reset();
+    }
+    n_ = 0;
+    if (first) throw *first;
+  }
+  ~request_set() {
+    try {
+      wait();
+    } catch (...) { // an earlier error is already on its way out
+    }
+  }
+
+private:
+  std::array<std::optional<request_t<C>>, N> q_;
+  std::size_t n_ = 0;
+};
 
 } // namespace gradsync::algo

@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <limits>
 #include <string>
 #include <string_view>
@@ -79,8 +80,15 @@ constexpr int grid_row(int p) {
 /// The alpha-beta-gamma model of the allreduce (and rooted) schedules.
 struct cost_model {
   link_cost local{policy::model_alpha, policy::model_beta, policy::model_gamma};
+  /// Between groups: `beta` is one message crossing while the group's other
+  /// ranks are quiet; nic_share says how many crossing at once share a link.
   link_cost global{policy::model_alpha, policy::model_beta, policy::model_gamma};
   arena_cost arena{};
+  /// How many of a group's ranks share one link out of it (calibrate():
+  /// the group's ranks crossing at once against one alone, between 1 and
+  /// the group size): 1 where every rank has its own NIC (rail-optimised
+  /// GPU clusters), the ranks per node where a node has one NIC.
+  double nic_share = 1;
 
   /// The uncalibrated model of a transport with a shared-memory arena
   /// (policy::shm_model_*): messages cost two copies at memory speed.
@@ -92,42 +100,138 @@ struct cost_model {
     return m;
   }
 
-  /// Link costs flat schedules see: between groups when there are several.
-  const link_cost& flat_link(const topology& t) const { return t.groups > 1 ? global : local; }
+  /// The link a schedule sees when every rank of a group crosses at once
+  /// (local with one group): global with its beta shared nic_share ways.
+  link_cost flat_link(const topology& t) const {
+    if (t.groups <= 1) return local;
+    return {global.alpha, global.beta * contention(t, t.group_size), global.gamma};
+  }
+  /// How many crossing messages share one link when `crossing` ranks of a
+  /// group cross at once.
+  double contention(const topology& t, int crossing) const {
+    return std::clamp(std::min<double>(crossing, t.group_size), 1.0, std::max(1.0, nic_share));
+  }
 
+  /// Ranks of a group whose partner is in another group in a step where
+  /// rank r exchanges with rank r XOR d (`shift`: false) or sends to r + d
+  /// (`shift`: true), ranks numbered group by group: none inside one group.
+  static int crossing(const topology& t, int d, bool shift) {
+    if (t.groups <= 1 || t.group_size <= 1) return 0;
+    if (shift) return std::min(d, t.group_size);
+    return d >= t.group_size ? t.group_size : 0;
+  }
+  /// Seconds of one step in which every rank sends `m` bytes and
+  /// `cross` ranks of each group send theirs to another group (sharing its
+  /// link: contention): the slowest pair bounds the step.
+  double step(const topology& t, double m, int cross) const {
+    const double in = local.alpha + m * local.beta;
+    if (t.groups <= 1 || cross <= 0) return in;
+    return std::max(in, global.alpha + m * global.beta * contention(t, cross));
+  }
+  /// Per-hop latency and per-byte cost of a chain of sends to the next rank
+  /// (ring, pipelined chain): one hop in group_size leaves the group, and
+  /// the hops run concurrently, so bandwidth is the slower link's (one
+  /// crossing message per group: no contention).
+  double chain_alpha(const topology& t) const {
+    if (t.groups <= 1) return local.alpha;
+    const double g = std::max(1, t.group_size);
+    return ((g - 1) * local.alpha + global.alpha) / g;
+  }
+  double chain_beta(const topology& t) const {
+    return t.groups <= 1 ? local.beta : std::max(local.beta, global.beta);
+  }
+  /// Per-byte cost of one hop of such a chain, averaged over the hops (a
+  /// segment filling the pipeline crosses each link in turn).
+  double hop_beta(const topology& t) const {
+    if (t.groups <= 1) return local.beta;
+    const double g = std::max(1, t.group_size);
+    return ((g - 1) * local.beta + global.beta) / g;
+  }
+
+  /// One pass of the segmented binomial tree (tree.hpp: reduce or broadcast)
+  /// of n bytes in k segments of at most `seg`: the first segment crosses
+  /// every round's link (round d: the rank d away, crossing where d spans a
+  /// group, one crossing per group), the other k - 1 follow at the busiest
+  /// rank's pace, the root, which moves every segment once per round.
+  double tree_phase(const topology& t, double n, double seg) const {
+    const int p = t.ranks;
+    const double k = std::max(1.0, std::ceil(n / std::max(1.0, seg))), s = n / k;
+    double first = 0, lin = 0, lout = 0;
+    for (int d = 1; d < p; d *= 2)
+      if (t.groups > 1 && d >= t.group_size) {
+        first += global.alpha + s * global.beta;
+        lout += global.beta;
+      } else {
+        first += local.alpha + s * local.beta;
+        lin += local.beta;
+      }
+    return first + (k - 1) * s * std::max(lin, lout);
+  }
   /// Predicted seconds of a flat allreduce of `n` bytes over `p` ranks on
   /// link `l` (`seg`: pipeline segment bytes). NaN for hier/twod/automatic.
   static double flat(algorithm a, double n, int p, const link_cost& l, double seg) {
+    const cost_model m{.local = l, .global = l};
+    return m.flat_on(a, n, topology{p, p, 1}, seg);
+  }
+  /// The same on topology `t`: each step costed by the links its pairs use
+  /// (step, chain_alpha; docs/algorithms.md). On one group these are the
+  /// textbook formulas. NaN for hier/twod/automatic.
+  double flat_on(algorithm a, double n, const topology& t, double seg) const {
+    const int p = t.ranks;
     if (p <= 1) return 0;
     // Integer logarithms (bit operations, exact): this runs on every
     // automatic call, where libm's log2 was a tenth of an 8-byte allreduce.
     const auto up = static_cast<unsigned>(p);
     const double lg = std::bit_width(up - 1); // ceil(log2 p)
     const int pof2 = static_cast<int>(std::bit_floor(static_cast<unsigned>(p)));
-    const double k2 = std::countr_zero(static_cast<unsigned>(pof2)), fold = p == pof2 ? 0 : 1, q = (pof2 - 1.0) / pof2;
+    const double k2 = std::countr_zero(static_cast<unsigned>(pof2)), fold = p == pof2 ? 0 : 1;
+    const double q = (pof2 - 1.0) / pof2, g = local.gamma;
+    // The fold's two steps: partners r, r + 1 (the same group unless groups of one).
+    const double folds = fold * 2 * step(t, n, crossing(t, 1, false));
     switch (a) {
     case algorithm::ring:
-      return 2 * (p - 1) * l.alpha + 2.0 * (p - 1) / p * n * l.beta + (p - 1.0) / p * n * l.gamma;
-    case algorithm::tree:
-      return 2 * lg * (l.alpha + n * l.beta) + lg * n * l.gamma;
-    case algorithm::rd:
-      return (k2 + 2 * fold) * (l.alpha + n * l.beta) + (k2 + fold) * n * l.gamma;
-    case algorithm::rabenseifner:
-      return (2 * k2 + 2 * fold) * l.alpha + (2 * q + 2 * fold) * n * l.beta + (q + fold) * n * l.gamma;
+      return 2 * (p - 1) * (chain_alpha(t) + n / p * chain_beta(t)) + (p - 1.0) / p * n * g;
+    case algorithm::tree: return 2 * tree_phase(t, n, seg) + lg * n * g; // reduce, then broadcast
+    case algorithm::rd: {
+      double s = folds;
+      for (int d = 1; d < pof2; d *= 2) s += step(t, n, crossing(t, d, false));
+      return s + (k2 + fold) * n * g;
+    }
+    case algorithm::rabenseifner: {
+      double s = folds;
+      for (int d = 1; d < pof2; d *= 2) s += 2 * step(t, n * d / pof2, crossing(t, d, false));
+      return s + (q + fold) * n * g;
+    }
     case algorithm::dbtree: {
       const double h = std::bit_width(up) - 1; // floor(log2 p): height of the heap tree
-      const double k = std::max(1.0, std::ceil(n / 2 / seg)), s = n / 2 / k;
-      return (k + 2 * h) * (4 * l.alpha + 4 * s * l.beta + 2 * s * l.gamma);
+      const double k = std::max(1.0, std::ceil(n / 2 / seg)), sz = n / 2 / k;
+      // k + 2h pipeline stages; in each a rank moves 4 segments (two trees,
+      // up and down), whose latencies overlap: one alpha per stage (SMPI, 64
+      // ranks: 4 alphas per stage predicted 4.2x the simulated 8 B time).
+      // Heap edges i -> 2i+1, 2i+2 leave the group below its top levels:
+      // every rank of a group crossing at once.
+      // While the pipeline fills (2h stages) a segment crosses one edge at a
+      // time; once full (k stages) every group's ranks cross at once and
+      // share its link (SMPI, 64 ranks, nodes of 8 sharing a NIC: the
+      // contended link for all k + 2h stages predicted 5.4x the simulated
+      // time at 512 KiB, k = 1).
+      const link_cost l = flat_link(t), one = t.groups > 1 ? global : local;
+      return 2 * h * (one.alpha + 4 * sz * one.beta + 2 * sz * g) + k * (l.alpha + 4 * sz * l.beta + 2 * sz * g);
     }
     default: return std::numeric_limits<double>::quiet_NaN();
     }
+  }
+  /// The link of hier's step between groups of g: all g ranks of a group
+  /// cross at once, each with its own shard.
+  link_cost between_groups(int g) const {
+    return {global.alpha, global.beta * std::clamp(static_cast<double>(g), 1.0, std::max(1.0, nic_share)), global.gamma};
   }
   /// Hierarchical: ring reduce-scatter inside groups of g, the best flat
   /// allreduce of n/g bytes across the m groups, ring allgather inside groups.
   double hier(double n, int g, int m, double seg) const {
     const double local_part = 2 * (g - 1) * local.alpha + 2.0 * (g - 1) / g * n * local.beta +
                               (g - 1.0) / g * n * local.gamma;
-    return local_part + best_flat(n / g, m, global, seg).second;
+    return local_part + best_flat(n / g, m, between_groups(g), seg).second;
   }
   /// 2-D grid of rows of w (p/w rows): hier with rows as groups, the column
   /// step a ring, all on the flat link.
@@ -171,7 +275,7 @@ struct cost_model {
       return t.ranks >= 4 ? twod(n, t.ranks, grid_row(t.ranks), flat_link(t)) : inf;
     case algorithm::direct: return t.shared_arena ? direct(n, t.ranks) : inf;
     case algorithm::automatic: return inf;
-    default: return flat(a, n, t.ranks, flat_link(t), s);
+    default: return flat_on(a, n, t, s);
     }
   }
   /// Arena reduce-scatter (`reduce`: true) or allgather of `n` bytes in all
@@ -187,20 +291,51 @@ struct cost_model {
     return rounds * arena.sync + n * arena.copy + (reduce ? (p - 1.0) / p * n * local.gamma : 0);
   }
   /// Predicted seconds of a reduce-scatter (`reduce`: true) or allgather of
-  /// `bytes` in all (p blocks) by `a`: `ring` is (p-1)(alpha + n/p beta
-  /// [+ n/p gamma]) on the flat link (one message per step, like the
-  /// allreduce ring's formula, so `seg` does not enter), `direct` arena_half
-  /// where t.shared_arena; infinity for anything else.
+  /// `bytes` in all (p blocks of n/p) by `a` on `t` (docs/algorithms.md):
+  ///  - `ring`: p-1 steps of one block to the next rank (chain_alpha,
+  ///    chain_beta) [+ its reduction]; `seg` does not enter;
+  ///  - `bruck` (algo/bruck.hpp): ceil(log2 p) rounds of min(d, p-d) blocks
+  ///    to the rank d away (reduce-scatter: floor(m/2) blocks, d = ceil(m/2)),
+  ///    plus, reducing, one local copy of the input (arena.copy);
+  ///  - `rd`: recursive doubling / halving over the largest power of two p'
+  ///    (rounds of d blocks of n/p' with the rank d away), plus the fold's
+  ///    two steps where p is not one;
+  ///  - `direct`: arena_half where t.shared_arena;
+  /// infinity for anything else.
   double scatter_gather(algorithm a, std::size_t bytes, const topology& t, bool reduce) const {
     const int p = t.ranks;
     if (p <= 1) return 0;
     const auto n = static_cast<double>(bytes);
-    if (a == algorithm::ring) {
-      const link_cost& l = flat_link(t);
-      return (p - 1) * (l.alpha + n / p * (l.beta + (reduce ? l.gamma : 0)));
+    const double b = n / p, g = reduce ? local.gamma : 0;
+    switch (a) {
+    case algorithm::ring: return (p - 1) * (chain_alpha(t) + b * (chain_beta(t) + g));
+    case algorithm::bruck: {
+      double s = 0;
+      if (reduce) {
+        for (int m = p; m > 1;) {
+          const int d = (m + 1) / 2;
+          s += step(t, (m - d) * b, crossing(t, d, true)) + (m - d) * b * g;
+          m = d;
+        }
+        return s + n * arena.copy;
+      }
+      for (int d = 1; d < p; d *= 2) s += step(t, std::min(d, p - d) * b, crossing(t, d, true));
+      return s;
     }
-    if (a == algorithm::direct && t.shared_arena) return arena_half(n, p, reduce);
-    return std::numeric_limits<double>::infinity();
+    case algorithm::rd: {
+      const int pof2 = static_cast<int>(std::bit_floor(static_cast<unsigned>(p)));
+      const double v = n / pof2; // a survivor's share
+      double s = 0;
+      for (int d = 1; d < pof2; d *= 2) s += step(t, d * v, crossing(t, d, false)) + d * v * g;
+      if (p != pof2) // fold: a block (allgather) or all (reduce-scatter) in, the rest back
+        s += step(t, reduce ? n : b, crossing(t, 1, false)) + (reduce ? n * g : 0) +
+             step(t, reduce ? b : n - b, crossing(t, 1, false));
+      return s;
+    }
+    case algorithm::direct:
+      return t.shared_arena ? arena_half(n, p, reduce) : std::numeric_limits<double>::infinity();
+    default: return std::numeric_limits<double>::infinity();
+    }
   }
   /// Arena broadcast (`reduce`: false) or reduce of n bytes on p ranks
   /// (algo/shm_direct_rooted.hpp). Broadcast: one synchronisation per round
@@ -222,28 +357,42 @@ struct cost_model {
     const double rounds = std::max(1.0, std::ceil(n / round));
     return rounds * arena.sync + std::min(n, round) * arena.copy + (p - 1) * n * g;
   }
-  /// Predicted seconds of rooted schedule `a` on `t`: rooted() below, and
-  /// `direct` (rooted_direct) where t.shared_arena; infinity elsewhere.
-  double rooted(algorithm a, std::size_t bytes, const topology& t, bool reduce, std::size_t seg) const {
-    if (a == algorithm::direct)
-      return t.shared_arena ? rooted_direct(static_cast<double>(bytes), t.ranks, reduce)
-                            : std::numeric_limits<double>::infinity();
-    return rooted(a, bytes, t.ranks, reduce, seg);
-  }
   /// Predicted seconds of a broadcast (`reduce`: false) or reduce of `bytes`
-  /// from/to one root: `tree` is the binomial tree, `ring` the pipelined
-  /// chain; infinity for any other (no such rooted schedule; `direct` needs
-  /// the topology overload above).
-  double rooted(algorithm a, std::size_t bytes, int p, bool reduce, std::size_t seg) const {
-    if (a != algorithm::tree && a != algorithm::ring) return std::numeric_limits<double>::infinity();
+  /// from/to one root on `t` (docs/algorithms.md):
+  ///  - `tree`: ceil(log2 p) rounds of the whole message to the rank d away;
+  ///  - `ring`: the pipelined chain, p - 2 + k steps of a segment (k
+  ///    segments of at most `seg`);
+  ///  - `scatter_allgather` (broadcast only): a binomial scatter (round m:
+  ///    m blocks of n/p to the rank m away, one sender per group where it
+  ///    crosses) and the ring allgather;
+  ///  - `direct` (rooted_direct) where t.shared_arena;
+  /// infinity elsewhere.
+  double rooted(algorithm a, std::size_t bytes, const topology& t, bool reduce, std::size_t seg) const {
+    constexpr double inf = std::numeric_limits<double>::infinity();
+    const int p = t.ranks;
+    if (a == algorithm::direct) return t.shared_arena ? rooted_direct(static_cast<double>(bytes), p, reduce) : inf;
+    if (a != algorithm::tree && a != algorithm::ring && (reduce || a != algorithm::scatter_allgather)) return inf;
     if (p <= 1) return 0;
     const auto n = static_cast<double>(bytes);
-    const link_cost& l = local;
-    const double g = reduce ? l.gamma : 0;
-    if (a == algorithm::tree)
-      return std::bit_width(static_cast<unsigned>(p) - 1) * (l.alpha + n * (l.beta + g)); // ceil(log2 p) steps
-    const double k = std::max(1.0, std::ceil(n / static_cast<double>(seg))), s = n / k;
-    return (p - 2 + k) * (l.alpha + s * (l.beta + g));
+    const double g = reduce ? local.gamma : 0;
+    if (a == algorithm::tree) return tree_phase(t, n, static_cast<double>(seg)) + std::bit_width(static_cast<unsigned>(p) - 1) * n * g;
+    if (a == algorithm::scatter_allgather) {
+      const double b = n / p;
+      double s = 0;
+      // the root's sends, one child at a time, largest subtree first; the
+      // children forward theirs meanwhile (one sender per group crossing)
+      for (int m = static_cast<int>(std::bit_ceil(static_cast<unsigned>(p))) / 2; m >= 1; m /= 2)
+        s += step(t, std::min(m, p - m) * b, t.groups > 1 && m >= t.group_size ? 1 : 0);
+      return s + (p - 1) * (chain_alpha(t) + b * chain_beta(t));
+    }
+    // The chain: the first segment fills p - 2 hops (at each hop's own
+    // speed), then k segments leave at the slowest link's pace.
+    const double k = std::max(1.0, std::ceil(n / static_cast<double>(seg))), sz = n / k;
+    return (p - 2) * (chain_alpha(t) + sz * (hop_beta(t) + g)) + k * (chain_alpha(t) + sz * (chain_beta(t) + g));
+  }
+  /// The same on p ranks in one group without an arena.
+  double rooted(algorithm a, std::size_t bytes, int p, bool reduce, std::size_t seg) const {
+    return rooted(a, bytes, topology{p, p, 1}, reduce, seg);
   }
 
   /// Predicted seconds of an alltoall(v) by `a` moving `m` bytes to each of
@@ -401,12 +550,12 @@ public:
     return beta > policy::slow_link_beta ? policy::slow_link_segment_bytes : policy::ring_segment_bytes;
   }
 
-  /// Whether `a` is a schedule of the exchanges only (alltoall(v)): a table
-  /// entry naming one leaves the reductions to the model.
+  /// Whether `a` is no allreduce schedule (the exchanges', the gathers' and
+  /// broadcast's): a table entry naming one leaves allreduce to the model.
   static constexpr bool exchange_only(algorithm a) noexcept {
-    return a == algorithm::pairwise || a == algorithm::scattered || a == algorithm::bruck;
+    return a == algorithm::pairwise || a == algorithm::scattered || a == algorithm::bruck ||
+           a == algorithm::scatter_allgather;
   }
-
   /// The table's entry for `bytes`, or automatic when none covers it.
   algorithm pinned(std::size_t bytes) const {
     for (const auto& r : table_)
@@ -439,44 +588,42 @@ public:
 
   /// The schedule of hier's inter-group step: the table's entry (unless it
   /// names hier/twod, which cannot nest) or the cheapest flat one.
-  algorithm choose_inner(std::size_t bytes, int groups, std::size_t seg) const {
+  /// `group_size`: ranks per group, all crossing at once (between_groups).
+  algorithm choose_inner(std::size_t bytes, int groups, std::size_t seg, int group_size = 1) const {
     if (const auto a = pinned(bytes);
         a != algorithm::automatic && a != algorithm::hier && a != algorithm::twod && !exchange_only(a))
       return a;
-    return cost_model::best_flat(static_cast<double>(bytes), groups, model_.global,
+    return cost_model::best_flat(static_cast<double>(bytes), groups, model_.between_groups(group_size),
                                  static_cast<double>(seg)).first;
   }
 
-  /// Broadcast (`reduce`: false) or reduce schedule: `tree` (binomial) or
-  /// `ring` (the pipelined chain). The table applies when it names one of them.
-  algorithm choose_rooted(std::size_t bytes, int p, bool reduce, std::size_t seg) const {
-    if (const auto a = pinned(bytes); a == algorithm::tree || a == algorithm::ring) return a;
-    return model_.rooted(algorithm::tree, bytes, p, reduce, seg) <
-                   model_.rooted(algorithm::ring, bytes, p, reduce, seg)
-               ? algorithm::tree
-               : algorithm::ring;
-  }
-  /// The same on `t`: `direct` (the shared arena) too where t.shared_arena
-  /// and the model predicts it cheapest, or the table names it.
+  /// Broadcast (`reduce`: false) or reduce schedule on `t`: the table's
+  /// entry where it names one that runs here, else the cheapest by
+  /// cost_model::rooted of `tree` (binomial), `ring` (the pipelined chain),
+  /// for broadcast `scatter_allgather`, and `direct` where t.shared_arena.
   algorithm choose_rooted(std::size_t bytes, const topology& t, bool reduce, std::size_t seg) const {
-    if (t.shared_arena && pinned(bytes) == algorithm::direct) return algorithm::direct;
-    const algorithm a = choose_rooted(bytes, t.ranks, reduce, seg);
-    if (!t.shared_arena || (pinned(bytes) == a && a != algorithm::automatic)) return a;
-    return model_.rooted(algorithm::direct, bytes, t, reduce, seg) < model_.rooted(a, bytes, t, reduce, seg)
-               ? algorithm::direct
-               : a;
+    const algorithm pin = pinned(bytes);
+    if (pin == algorithm::tree || pin == algorithm::ring || (pin == algorithm::direct && t.shared_arena) ||
+        (pin == algorithm::scatter_allgather && !reduce))
+      return pin;
+    return cheapest_of({algorithm::tree, algorithm::ring, algorithm::scatter_allgather, algorithm::direct},
+                       [&](algorithm a) { return model_.rooted(a, bytes, t, reduce, seg); });
+  }
+  /// The same on p ranks in one group without an arena.
+  algorithm choose_rooted(std::size_t bytes, int p, bool reduce, std::size_t seg) const {
+    return choose_rooted(bytes, topology{p, p, 1}, reduce, seg);
   }
 
   /// Reduce-scatter schedule for `bytes` in all (p blocks of bytes/p) on
-  /// `t`: the table's entry when it names ring or direct, else `direct` where
-  /// t.shared_arena and the model predicts it cheaper, else `ring`. `seg` is
-  /// the call's segment size (the ring's formula does not depend on it).
+  /// `t`: the table's entry where it names ring, bruck, rd or (with an arena)
+  /// direct, else the cheapest of them by cost_model::scatter_gather. `seg`
+  /// is the call's segment size (the formulas do not depend on it).
   algorithm choose_reduce_scatter(std::size_t bytes, const topology& t, std::size_t /*seg*/) const {
-    return choose_ring_or_direct(bytes, t, true);
+    return choose_gather(bytes, t, true);
   }
   /// Allgather schedule for `bytes` in all (p blocks): as choose_reduce_scatter.
   algorithm choose_allgather(std::size_t bytes, const topology& t, std::size_t /*seg*/) const {
-    return choose_ring_or_direct(bytes, t, false);
+    return choose_gather(bytes, t, false);
   }
 
   /// Alltoall(v) schedule for `m` bytes per peer on `t` (`equal`: equal
@@ -500,12 +647,25 @@ public:
   }
 
 private:
-  algorithm choose_ring_or_direct(std::size_t bytes, const topology& t, bool reduce) const {
-    if (const auto a = pinned(bytes); a == algorithm::ring || a == algorithm::direct) return a;
-    return model_.scatter_gather(algorithm::direct, bytes, t, reduce) <
-                   model_.scatter_gather(algorithm::ring, bytes, t, reduce)
-               ? algorithm::direct
-               : algorithm::ring;
+  // The first of `list` whose cost is lowest (a later one must be cheaper
+  // beyond rounding); infinite costs never win.
+  template <class F> static algorithm cheapest_of(std::initializer_list<algorithm> list, F&& cost) {
+    algorithm best = *list.begin();
+    double c = std::numeric_limits<double>::infinity();
+    for (const algorithm a : list)
+      if (const double x = cost(a); x < c * (1 - 1e-9)) {
+        best = a;
+        c = x;
+      }
+    return best;
+  }
+  algorithm choose_gather(std::size_t bytes, const topology& t, bool reduce) const {
+    if (const auto a = pinned(bytes);
+        a == algorithm::ring || a == algorithm::bruck || a == algorithm::rd || (a == algorithm::direct && t.shared_arena))
+      return a;
+    if (t.ranks <= 1) return algorithm::ring;
+    return cheapest_of({algorithm::ring, algorithm::bruck, algorithm::rd, algorithm::direct},
+                       [&](algorithm a) { return model_.scatter_gather(a, bytes, t, reduce); });
   }
 
   cost_model model_;

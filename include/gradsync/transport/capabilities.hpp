@@ -167,6 +167,22 @@ concept timed = transport<C> && requires(C& c, std::chrono::milliseconds t) {
   c.set_timeout(t);
 };
 
+/// A transport with its own clock: wtime() is seconds on the clock its
+/// messages take time by. MPI's is MPI_Wtime, which under SimGrid SMPI is
+/// the simulated time (std::chrono keeps the host's, which a simulation does
+/// not advance), so calibration measures a simulated platform as it does a
+/// real one.
+template <class C>
+concept clocked = transport<C> && requires(const C& c) {
+  { c.wtime() } -> std::convertible_to<double>;
+};
+
+/// Seconds on c's clock: its wtime() where it is `clocked`, else the steady clock.
+template <transport C> double seconds_now(const C& c) {
+  if constexpr (clocked<C>) return c.wtime();
+  else return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 /// A transport that keeps a call_record (core/call_record.hpp): the per-tag
 /// sequence numbers of call fingerprints and the first failure, after which
 /// its collectives fail fast.

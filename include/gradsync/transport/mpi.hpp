@@ -473,6 +473,8 @@ public:
   node_shape_t node_shape() const noexcept { return shape_; }
   /// The private duplicate communicator gradsync uses.
   MPI_Comm native() const noexcept { return comm_; }
+  /// MPI_Wtime (`clocked`): the simulated clock under SimGrid SMPI.
+  double wtime() const noexcept { return MPI_Wtime(); }
   /// How long a wait blocks before failing (default policy::default_timeout).
   void set_timeout(std::chrono::milliseconds t) noexcept { timeout_ = t; }
   std::chrono::milliseconds timeout() const noexcept { return timeout_; }
