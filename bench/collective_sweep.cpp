@@ -156,9 +156,22 @@ prediction predict(const C& c, coll k, const algo_choice& a, const options& o, c
   return {};
 }
 
-// One call of the collective under test.
-template <transport C, element T, reduce_op Op>
-void invoke(C& c, coll k, const algo_choice& a, const options& o, T* in, T* out, const shape& s) {
+#if defined(GRADSYNC_BENCH_SIM)
+// The simulator build's executor for unchecked (timing) rows: no element
+// work. SMPI does not simulate computation (bench/sim/run.sh), so reductions
+// and copies only cost the host's time: 256 simulated ranks reducing 64 MiB
+// payloads are tens of host seconds per call for nothing the table shows.
+struct idle_executor : exec::host {
+  template <element T, reduce_op Op> void reduce(T*, const T*, const T*, std::size_t, Op) const {}
+  template <element T, reduce_op Op> void finish(T*, std::size_t, Op, int) const {}
+  template <class T> void copy(T*, const T*, std::size_t) const {}
+  template <element T> void axpby(T*, double, const T*, double, std::size_t) const {}
+};
+#endif
+
+// One call of the collective under test, element work on `ex`.
+template <transport C, element T, reduce_op Op, executor E>
+void invoke(C& c, E& ex, coll k, const algo_choice& a, const options& o, T* in, T* out, const shape& s) {
   const std::span<const T> cin(in, s.in_n);
   const std::span<T> cout(out, s.out_n);
 #if defined(GRADSYNC_BENCH_MPI)
@@ -178,11 +191,11 @@ void invoke(C& c, coll k, const algo_choice& a, const options& o, T* in, T* out,
 #endif
   require(!a.native, "bench", c.rank(), "-a native needs the MPI transport");
   switch (k) {
-  case coll::allreduce: allreduce<C, T, Op>(c, cin, cout, Op{}, o); return;
-  case coll::reduce_scatter: reduce_scatter<C, T, Op>(c, cin, cout, Op{}, o); return;
-  case coll::allgather: allgather<C, T>(c, cin, cout, o); return;
-  case coll::broadcast: broadcast<C, T>(c, std::span<T>(in, s.in_n), root, o); return;
-  case coll::reduce: reduce<C, T, Op>(c, cin, c.rank() == root ? cout : std::span<T>{}, root, Op{}, o); return;
+  case coll::allreduce: allreduce<C, E, T, Op>(c, ex, cin, cout, Op{}, o); return;
+  case coll::reduce_scatter: reduce_scatter<C, E, T, Op>(c, ex, cin, cout, Op{}, o); return;
+  case coll::allgather: allgather<C, E, T>(c, ex, cin, cout, o); return;
+  case coll::broadcast: broadcast<C, E, T>(c, ex, std::span<T>(in, s.in_n), root, o); return;
+  case coll::reduce: reduce<C, E, T, Op>(c, ex, cin, c.rank() == root ? cout : std::span<T>{}, root, Op{}, o); return;
   }
 }
 
@@ -389,7 +402,16 @@ std::int64_t sweep_op(C& c, const config& cfg, const selector& sel, report& rep)
     for (const auto& a : cfg.algos) {
       const options o = options_for(a, std::span<std::byte>(ws.data(), ws.size()));
       const prediction pred = predict<T>(c, cfg.kind, a, o, s, sel);
-      auto call = [&] { invoke<C, T, Op>(c, cfg.kind, a, o, in, out, s); };
+      exec::host host;
+#if defined(GRADSYNC_BENCH_SIM)
+      idle_executor idle;
+      auto call = [&] {
+        if (cfg.check) invoke<C, T, Op>(c, host, cfg.kind, a, o, in, out, s);
+        else invoke<C, T, Op>(c, idle, cfg.kind, a, o, in, out, s);
+      };
+#else
+      auto call = [&] { invoke<C, T, Op>(c, host, cfg.kind, a, o, in, out, s); };
+#endif
       fill_input<T>(cfg.kind, in, s, r, cfg.op);
       const double sec = time_calls(c, call, plan);
       std::int64_t wrong = -1;

@@ -14,16 +14,17 @@
 set -eu
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-$root/build-sim}
-mkdir -p "$out"
+obj=$out/smpi-obj
+mkdir -p "$obj"
 flags="-std=c++20 -O1 -DNDEBUG -DGRADSYNC_BENCH_MPI=1 -DGRADSYNC_BENCH_SIM=1 -DGRADSYNC_MPI_BLOCKING_WAIT=1 \
 -DSMPI_NO_OVERRIDE_MALLOC=1 -DGRADSYNC_BENCH_ELEMENT=float -include $root/bench/sim/smpi_compat.h -I$root/include"
 srcs="collective_sweep alltoall collective gossip common main"
 for src in $srcs; do
   echo "$src"
-done | GRADSYNC_SIM_FLAGS=$flags GRADSYNC_SIM_ROOT=$root GRADSYNC_SIM_OUT=$out xargs -P "${GRADSYNC_SIM_JOBS:-2}" -I{} \
+done | GRADSYNC_SIM_FLAGS=$flags GRADSYNC_SIM_ROOT=$root GRADSYNC_SIM_OUT=$obj xargs -P "${GRADSYNC_SIM_JOBS:-2}" -I{} \
   sh -c 'smpicxx $GRADSYNC_SIM_FLAGS -c "$GRADSYNC_SIM_ROOT/bench/{}.cpp" -o "$GRADSYNC_SIM_OUT/{}.o"'
 objs=""
-for src in $srcs; do objs="$objs $out/$src.o"; done
+for src in $srcs; do objs="$objs $obj/$src.o"; done
 # shellcheck disable=SC2086
 smpicxx $objs -o "$out/gradsync-bench-smpi"
-echo "$out/gradsync-bench-smpi"
+echo "$out/gradsync-bench-smpi" >&2

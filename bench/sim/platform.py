@@ -5,7 +5,9 @@
 
 Every kind has nodes of 8 ranks (one per core); ranks of a node talk at
 20 GB/s, 0.5 us (shared memory, NVLink-like); nodes reach each other through
-NICs into a non-blocking 1 us backbone. KIND says how the NICs are wired:
+NICs into a non-blocking 1 us backbone (FATPIPE: flows do not share it, so
+it never limits, at 1024 ranks either). `shared` is the former
+cluster.xml, `rail` the former rail.py, both unchanged up to 256 ranks. KIND says how the NICs are wired:
   shared   one 10 Gbit/s (1.25 GB/s), 5 us NIC per node, its 8 ranks share
            it (a commodity cluster: inter-node traffic 16x slower than
            intra-node, and 8x more so when all 8 ranks cross at once);
@@ -33,7 +35,7 @@ def shared(np_, bw, lat, f):
     nodes = (np_ + RANKS_PER_NODE - 1) // RANKS_PER_NODE
     f.write(HEADER + '<platform version="4.1">\n')
     f.write(f'  <cluster id="gradsync" prefix="node-" radical="0-{nodes - 1}" suffix="" speed="1Gf" '
-            f'core="{RANKS_PER_NODE}" bw="{bw}" lat="{lat}" bb_bw="400GBps" bb_lat="1us" '
+            f'core="{RANKS_PER_NODE}" bw="{bw}" lat="{lat}" bb_bw="50GBps" bb_lat="1us" bb_sharing_policy="FATPIPE" '
             f'loopback_bw="20GBps" loopback_lat="0.5us"/>\n</platform>\n')
     return [f"node-{r // RANKS_PER_NODE}" for r in range(np_)]
 
@@ -50,7 +52,7 @@ def rail(np_, bw, lat, f):
         w(f'  <link id="nvl-{r}" bandwidth="20GBps" latency="0.5us" sharing_policy="SPLITDUPLEX"/>\n')
         w(f'  <link id="nic-{r}" bandwidth="{bw}" latency="{lat}" sharing_policy="SPLITDUPLEX"/>\n')
         w(f'  <link id="lo-{r}" bandwidth="20GBps" latency="0.5us" sharing_policy="FATPIPE"/>\n')
-    w('  <link id="backbone" bandwidth="400GBps" latency="1us" sharing_policy="FATPIPE"/>\n')
+    w('  <link id="backbone" bandwidth="50GBps" latency="1us" sharing_policy="FATPIPE"/>\n')
     for s in range(np_):
         for d in range(np_):
             w(f'  <route src="{host(s)}" dst="{host(d)}" symmetrical="NO">')

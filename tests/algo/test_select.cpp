@@ -7,6 +7,7 @@
 #include <gradsync/collectives.hpp>
 #include <gradsync/transport/inproc.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <cmath>
@@ -20,19 +21,42 @@ using namespace gradsync;
 
 namespace {
 
-// The textbook costs of docs/algorithms.md, independently of select.hpp.
-struct ref_model {
-  double a, b, g; // flat link
-  double la, lb, lg; // local link (hier)
-  double seg;
+// The cost model of docs/algorithms.md written out again here, independently
+// of select.hpp (nothing below calls cost_model): a link's alpha (per
+// message), beta (per byte sent) and gamma (per byte reduced).
+struct ref_link {
+  double A, B, G;
+};
 
-  double flat(algorithm x, double n, int p, double A, double B, double G) const {
+// p ranks in m groups of gs (m == 1: one group, every pair on the local
+// link). Between groups every message pays the global link; `nic` ranks of a
+// group crossing at once share one link out of it (nic_share: x ranks
+// crossing at once pay beta times min(x, gs) clamped to [1, max(1, nic)]).
+struct ref_model {
+  ref_link glob; // between groups
+  ref_link loc;  // inside a group (every pair with one group)
+  double seg;    // pipeline segment bytes
+  double nic = 1;  // nic_share
+  double copy = 0; // arena copy per byte (bruck's local pass when reducing)
+
+  static constexpr double inf = std::numeric_limits<double>::infinity();
+  static int ceil_lg(int p) {
+    int L = 0;
+    while ((1 << L) < p) ++L;
+    return L;
+  }
+  static int floor_pow2(int p) {
+    int q = 1;
+    while (q * 2 <= p) q *= 2;
+    return q;
+  }
+
+  // ---- One group of p ranks on link l: the textbook formulas. ----
+  double textbook(algorithm x, double n, int p, const ref_link& l) const {
     if (p <= 1) return 0;
-    double L = 0;
-    while ((1 << static_cast<int>(L)) < p) L += 1; // ceil(lg p)
-    int q2 = 1;
-    while (q2 * 2 <= p) q2 *= 2;
-    const double k2 = std::log2(q2), f = q2 == p ? 0 : 1;
+    const double L = ceil_lg(p);
+    const int q2 = floor_pow2(p);
+    const double k2 = std::log2(q2), f = q2 == p ? 0 : 1, A = l.A, B = l.B, G = l.G;
     switch (x) {
     case algorithm::ring: return 2.0 * (p - 1) * A + 2.0 * (p - 1) / p * n * B + (p - 1.0) / p * n * G;
     case algorithm::tree: return 2 * L * A + 2 * L * n * B + L * n * G;
@@ -40,41 +64,197 @@ struct ref_model {
     case algorithm::rabenseifner:
       return (2 * k2 + 2 * f) * A + (2 * (q2 - 1.0) / q2 + 2 * f) * n * B + ((q2 - 1.0) / q2 + f) * n * G;
     case algorithm::dbtree: {
+      // k + 2h stages of 4 segments (two trees, up and down), one alpha each
       const double h = std::floor(std::log2(p));
       const double k = std::max(1.0, std::ceil(n / 2 / seg));
       const double s = n / 2 / k;
-      return (k + 2 * h) * (4 * A + 4 * s * B + 2 * s * G);
+      return (k + 2 * h) * (A + 4 * s * B + 2 * s * G);
     }
-    default: return std::numeric_limits<double>::infinity();
+    default: return inf;
     }
   }
-  double best_flat(double n, int p, double A, double B, double G) const {
-    double m = std::numeric_limits<double>::infinity();
+  double best_textbook(double n, int p, const ref_link& l) const {
+    double m = inf;
     for (auto x : {algorithm::ring, algorithm::tree, algorithm::dbtree, algorithm::rd, algorithm::rabenseifner})
-      m = std::min(m, flat(x, n, p, A, B, G));
+      m = std::min(m, textbook(x, n, p, l));
     return m;
   }
-  // topology: p ranks, groups of gs (m groups); gs == p or gs <= 1: flat only.
+
+  // ---- Per step on p ranks in m groups of gs. ----
+  // How many crossing messages share a link when `cross` ranks of a group cross.
+  double share(int cross, int gs) const {
+    return std::clamp(static_cast<double>(std::min(cross, gs)), 1.0, std::max(1.0, nic));
+  }
+  // Ranks of a group crossing when rank r pairs with r XOR d: all of them
+  // where d spans a group, else none.
+  static int cross_xor(int d, int gs, int m) { return m > 1 && gs > 1 && d >= gs ? gs : 0; }
+  // ... when rank r sends to r + d: the last min(d, gs) ranks of the group.
+  static int cross_shift(int d, int gs, int m) { return m > 1 && gs > 1 ? std::min(d, gs) : 0; }
+  // A step where every rank sends `bytes` and `cross` ranks per group leave it.
+  double step(double bytes, int cross, int gs, int m) const {
+    const double inside = loc.A + bytes * loc.B;
+    if (m <= 1 || cross <= 0) return inside;
+    return std::max(inside, glob.A + bytes * glob.B * share(cross, gs));
+  }
+  // A chain to the next rank: one hop in gs crosses (alone: no contention).
+  double chain_A(int gs, int m) const { return m > 1 ? ((gs - 1) * loc.A + glob.A) / gs : loc.A; }
+  double chain_B(int m) const { return m > 1 ? std::max(loc.B, glob.B) : loc.B; }
+  double hop_B(int gs, int m) const { return m > 1 ? ((gs - 1) * loc.B + glob.B) / gs : loc.B; }
+  // One pass of the segmented binomial tree: the first segment over every
+  // round's link, the rest at the root's pace (it moves each one per round).
+  double tree_pass(double n, int p, int gs, int m, double sg) const {
+    const double k = std::max(1.0, std::ceil(n / sg)), s = n / k;
+    double first = 0, in = 0, out = 0;
+    for (int d = 1; d < p; d *= 2)
+      if (m > 1 && d >= gs) {
+        first += glob.A + s * glob.B;
+        out += glob.B;
+      } else {
+        first += loc.A + s * loc.B;
+        in += loc.B;
+      }
+    return first + (k - 1) * s * std::max(in, out);
+  }
+  // The flat allreduces, each step costed by the links its pairs use; the
+  // reduction is the local kernel's.
+  double per_step(algorithm x, double n, int p, int gs, int m) const {
+    if (p <= 1) return 0;
+    const double G = loc.G;
+    const int L = ceil_lg(p), q2 = floor_pow2(p);
+    const double k2 = std::log2(q2), f = q2 == p ? 0 : 1;
+    const double fold = f * 2 * step(n, cross_xor(1, gs, m), gs, m); // in to r, back to r + 1
+    switch (x) {
+    case algorithm::ring:
+      return 2.0 * (p - 1) * (chain_A(gs, m) + n / p * chain_B(m)) + (p - 1.0) / p * n * G;
+    case algorithm::tree: return 2 * tree_pass(n, p, gs, m, seg) + L * n * G;
+    case algorithm::rd: {
+      double s = fold;
+      for (int d = 1; d < q2; d *= 2) s += step(n, cross_xor(d, gs, m), gs, m);
+      return s + (k2 + f) * n * G;
+    }
+    case algorithm::rabenseifner: {
+      double s = fold;
+      for (int d = 1; d < q2; d *= 2) s += 2 * step(n * d / q2, cross_xor(d, gs, m), gs, m); // halve, double
+      return s + ((q2 - 1.0) / q2 + f) * n * G;
+    }
+    case algorithm::dbtree: {
+      const double h = std::floor(std::log2(p));
+      const double k = std::max(1.0, std::ceil(n / 2 / seg)), s = n / 2 / k;
+      // 2h filling stages over one (uncontended) edge; k full stages with
+      // every rank of a group crossing at once
+      const ref_link one = m > 1 ? glob : loc;
+      const ref_link full = m > 1 ? ref_link{glob.A, glob.B * share(gs, gs), glob.G} : loc;
+      return 2 * h * (one.A + 4 * s * one.B + 2 * s * G) + k * (full.A + 4 * s * full.B + 2 * s * G);
+    }
+    default: return inf;
+    }
+  }
   double cost(algorithm x, double n, int p, int gs, int m) const {
-    const bool grouped = m > 1;
-    const double A = grouped ? a : la, B = grouped ? b : lb, G = grouped ? g : lg;
     if (x == algorithm::hier) {
-      if (!(m > 1 && gs > 1)) return std::numeric_limits<double>::infinity();
-      return 2.0 * (gs - 1) * la + 2.0 * (gs - 1) / gs * n * lb + (gs - 1.0) / gs * n * lg +
-             best_flat(n / gs, m, a, b, g);
+      if (!(m > 1 && gs > 1)) return inf;
+      // all gs ranks of a group cross at once in the step between groups
+      const ref_link between{glob.A, glob.B * std::clamp(static_cast<double>(gs), 1.0, std::max(1.0, nic)), glob.G};
+      return 2.0 * (gs - 1) * loc.A + 2.0 * (gs - 1) / gs * n * loc.B + (gs - 1.0) / gs * n * loc.G +
+             best_textbook(n / gs, m, between);
     }
     if (x == algorithm::twod) {
-      if (p < 4) return std::numeric_limits<double>::infinity();
+      if (p < 4) return inf;
+      const ref_link l = m > 1 ? ref_link{glob.A, glob.B * share(gs, gs), glob.G} : loc;
       const int w = grid_row(p), rows = (p + w - 1) / w;
-      return 2.0 * (w - 1) * A + 2.0 * (w - 1) / w * n * B + (w - 1.0) / w * n * G +
-             flat(algorithm::ring, n / w, rows, A, B, G);
+      return 2.0 * (w - 1) * l.A + 2.0 * (w - 1) / w * n * l.B + (w - 1.0) / w * n * l.G +
+             textbook(algorithm::ring, n / w, rows, l);
     }
-    return flat(x, n, p, A, B, G);
+    return per_step(x, n, p, gs, m);
+  }
+
+  // ---- Reduce-scatter (reduce) / allgather of n bytes in p blocks. ----
+  double gather(algorithm x, double n, int p, int gs, int m, bool reduce) const {
+    if (p <= 1) return 0;
+    const double b = n / p, G = reduce ? loc.G : 0;
+    switch (x) {
+    case algorithm::ring: return (p - 1) * (chain_A(gs, m) + b * (chain_B(m) + G));
+    case algorithm::bruck: {
+      double s = 0;
+      if (!reduce) { // round d: min(d, p - d) blocks to the rank d on
+        for (int d = 1; d < p; d *= 2) s += step(std::min(d, p - d) * b, cross_shift(d, gs, m), gs, m);
+        return s;
+      }
+      // halving: of `left` blocks send the last floor(left/2) ceil(left/2) on
+      for (int left = p; left > 1;) {
+        const int keep = (left + 1) / 2, sent = left - keep;
+        s += step(sent * b, cross_shift(keep, gs, m), gs, m) + sent * b * G;
+        left = keep;
+      }
+      return s + n * copy;
+    }
+    case algorithm::rd: {
+      const int q2 = floor_pow2(p);
+      const double v = n / q2;
+      double s = 0;
+      for (int d = 1; d < q2; d *= 2) s += step(d * v, cross_xor(d, gs, m), gs, m) + d * v * G;
+      if (q2 != p) {
+        const int c = cross_xor(1, gs, m);
+        s += reduce ? step(n, c, gs, m) + n * G + step(b, c, gs, m) : step(b, c, gs, m) + step(n - b, c, gs, m);
+      }
+      return s;
+    }
+    default: return inf;
+    }
+  }
+
+  // ---- Broadcast / reduce (rooted) of n bytes, segments of sg. ----
+  double rooted(algorithm x, double n, int p, int gs, int m, bool reduce, double sg) const {
+    if (p <= 1) return 0;
+    const double G = reduce ? loc.G : 0;
+    switch (x) {
+    case algorithm::tree: return tree_pass(n, p, gs, m, sg) + ceil_lg(p) * n * G;
+    case algorithm::ring: {
+      const double k = std::max(1.0, std::ceil(n / sg)), s = n / k;
+      return (p - 2) * (chain_A(gs, m) + s * (hop_B(gs, m) + G)) + k * (chain_A(gs, m) + s * (chain_B(m) + G));
+    }
+    case algorithm::scatter_allgather: {
+      if (reduce) return inf;
+      const double b = n / p;
+      double s = 0;
+      for (int half = 1 << ceil_lg(p); (half /= 2) >= 1;)
+        s += step(std::min(half, p - half) * b, m > 1 && half >= gs ? 1 : 0, gs, m);
+      return s + (p - 1) * (chain_A(gs, m) + b * chain_B(m));
+    }
+    default: return inf;
+    }
   }
 };
 
+bool same_cost(double got, double want) {
+  if (std::isinf(want)) return std::isinf(got);
+  return std::fabs(got - want) <= 1e-9 * std::max(std::fabs(got), std::fabs(want));
+}
+
 constexpr algorithm candidates[] = {algorithm::ring, algorithm::tree, algorithm::dbtree, algorithm::rd,
                                     algorithm::rabenseifner, algorithm::twod, algorithm::hier};
+
+// Link parameter sets: the defaults, a latency-bound network, a
+// bandwidth-bound one with a slow kernel, two two-level ones (slow links
+// between groups; the last latency-heavy).
+struct params {
+  double a, b, g, la, lb, lg;
+};
+constexpr params param_sets[] = {
+    {policy::model_alpha, policy::model_beta, policy::model_gamma, policy::model_alpha, policy::model_beta, policy::model_gamma},
+    {50e-6, 1e-10, 1e-11, 50e-6, 1e-10, 1e-11},
+    {1e-6, 1e-9, 5e-10, 1e-6, 1e-9, 5e-10},
+    {20e-6, 4e-10, 1e-10, 1e-6, 2e-11, 1e-10},
+    {20e-6, 1e-9, 1e-10, 1e-6, 1e-10, 1e-10},
+};
+
+// The nic_share values tried on a topology: 1, the group size, 8.
+std::vector<double> nic_values(int groups, int G) {
+  if (groups <= 1) return {1.0};
+  std::vector<double> v{1.0};
+  for (double x : {static_cast<double>(G), 8.0})
+    if (std::find(v.begin(), v.end(), x) == v.end()) v.push_back(x);
+  return v;
+}
 
 struct env_guard { // sets GRADSYNC_ALGO for one test, restores "unset" after
   explicit env_guard(const char* v) { ::setenv("GRADSYNC_ALGO", v, 1); }
@@ -84,45 +264,152 @@ struct env_guard { // sets GRADSYNC_ALGO for one test, restores "unset" after
 } // namespace
 
 TEST_CASE("select: the choice is the cheapest schedule by the model") {
-  // Parameter sets: the defaults, a latency-bound network, a bandwidth-bound
-  // one with a slow kernel, and a two-level one (slow links between groups).
-  struct params { double a, b, g, la, lb, lg; };
-  const params sets[] = {
-      {policy::model_alpha, policy::model_beta, policy::model_gamma, policy::model_alpha, policy::model_beta, policy::model_gamma},
-      {50e-6, 1e-10, 1e-11, 50e-6, 1e-10, 1e-11},
-      {1e-6, 1e-9, 5e-10, 1e-6, 1e-9, 5e-10},
-      {20e-6, 4e-10, 1e-10, 1e-6, 2e-11, 1e-10},
-  };
+  // Every parameter set on one group and on groups of 2, 4 and 8 with
+  // nic_share 1, the group size and 8; each candidate's cost against the
+  // reference, and the choice the cheapest by the reference.
+  const std::size_t seg = policy::ring_segment_bytes;
   std::size_t checked = 0;
+  int nic_changed = 0;
   std::vector<int> seen(16, 0);
-  for (const auto& ps : sets)
+  for (const auto& ps : param_sets)
     for (int p : {2, 3, 4, 5, 6, 7, 8, 16, 64, 256})
       for (int gs : {0, 2, 4, 8})
         for (double lb2 = 2; lb2 <= 33; lb2 += 1) {
           const auto bytes = static_cast<std::size_t>(std::pow(2.0, lb2));
-          cost_model m;
-          m.global = {ps.a, ps.b, ps.g};
-          m.local = {ps.la, ps.lb, ps.lg};
-          const selector sel(m);
+          const auto n = static_cast<double>(bytes);
           const int G = gs > 0 && gs < p ? gs : p;
           const int groups = (p + G - 1) / G;
           const topology t{p, G, groups};
-          const std::size_t seg = policy::ring_segment_bytes;
-          const ref_model ref{ps.a, ps.b, ps.g, ps.la, ps.lb, ps.lg, static_cast<double>(seg)};
-          const algorithm got = sel.choose(bytes, t, seg);
-          const double got_cost = ref.cost(got, static_cast<double>(bytes), p, G, groups);
-          double best = std::numeric_limits<double>::infinity();
-          for (auto x : candidates) best = std::min(best, ref.cost(x, static_cast<double>(bytes), p, G, groups));
-          INFO("p=" << p << " group=" << G << " bytes=" << bytes << " chose " << algorithm_name(got));
-          REQUIRE(got_cost <= best * (1 + 1e-12));
-          ++seen[static_cast<std::size_t>(got)];
-          ++checked;
+          algorithm at_nic1 = algorithm::automatic, at_nic8 = algorithm::automatic;
+          for (double nic : nic_values(groups, G)) {
+            cost_model m;
+            m.global = {ps.a, ps.b, ps.g};
+            m.local = {ps.la, ps.lb, ps.lg};
+            m.nic_share = nic;
+            const selector sel(m);
+            const ref_model ref{{ps.a, ps.b, ps.g}, {ps.la, ps.lb, ps.lg}, static_cast<double>(seg), nic};
+            INFO("p=" << p << " group=" << G << " groups=" << groups << " nic_share=" << nic << " bytes=" << bytes);
+            double best = std::numeric_limits<double>::infinity();
+            for (auto x : candidates) {
+              const double want = ref.cost(x, n, p, G, groups);
+              INFO(algorithm_name(x) << ": model " << m.allreduce(x, bytes, t, seg) << " reference " << want);
+              REQUIRE(same_cost(m.allreduce(x, bytes, t, seg), want));
+              best = std::min(best, want);
+              // on one group the per-step costs are the textbook formulas
+              if (groups == 1 && x != algorithm::twod && x != algorithm::hier)
+                REQUIRE(same_cost(want, ref.textbook(x, n, p, {ps.la, ps.lb, ps.lg})));
+            }
+            const algorithm got = sel.choose(bytes, t, seg);
+            INFO("chose " << algorithm_name(got));
+            REQUIRE(ref.cost(got, n, p, G, groups) <= best * (1 + 1e-9));
+            ++seen[static_cast<std::size_t>(got)];
+            ++checked;
+            if (nic == 1) at_nic1 = got;
+            if (nic == 8) at_nic8 = got;
+          }
+          nic_changed += groups > 1 && at_nic1 != at_nic8;
         }
-  CHECK(checked > 1000);
-  // The grid is wide enough that the model's answer really varies.
+  CHECK(checked > 10000);
+  // The grid is wide enough that the model's answer really varies, and the
+  // shared NIC changes it somewhere.
   int distinct = 0;
   for (int s : seen) distinct += s > 0;
   CHECK(distinct >= 4);
+  CHECK(nic_changed > 0);
+}
+
+TEST_CASE("select: gathers and rooted collectives choose the cheapest by the model") {
+  // As above for choose_allgather / choose_reduce_scatter (ring, bruck, rd)
+  // and choose_rooted (tree, ring, scatter_allgather for broadcast), no arena.
+  const std::size_t seg = policy::ring_segment_bytes;
+  std::vector<int> gathers(16, 0), rooteds(16, 0);
+  std::size_t checked = 0;
+  for (const auto& ps : param_sets)
+    for (int p : {2, 3, 5, 6, 8, 12, 16, 48, 64})
+      for (int gs : {0, 2, 4, 8})
+        for (double lb2 = 3; lb2 <= 30; lb2 += 1.5) {
+          const auto bytes = static_cast<std::size_t>(std::pow(2.0, lb2));
+          const auto n = static_cast<double>(bytes);
+          const int G = gs > 0 && gs < p ? gs : p;
+          const int groups = (p + G - 1) / G;
+          const topology t{p, G, groups};
+          for (double nic : nic_values(groups, G)) {
+            cost_model m;
+            m.global = {ps.a, ps.b, ps.g};
+            m.local = {ps.la, ps.lb, ps.lg};
+            m.arena.copy = 1.5e-10;
+            m.nic_share = nic;
+            const selector sel(m);
+            const ref_model ref{{ps.a, ps.b, ps.g}, {ps.la, ps.lb, ps.lg}, static_cast<double>(seg), nic, 1.5e-10};
+            INFO("p=" << p << " group=" << G << " groups=" << groups << " nic_share=" << nic << " bytes=" << bytes);
+            for (bool red : {false, true}) {
+              INFO("reduce=" << red);
+              double best = std::numeric_limits<double>::infinity();
+              for (auto x : {algorithm::ring, algorithm::bruck, algorithm::rd}) {
+                const double want = ref.gather(x, n, p, G, groups, red);
+                INFO(algorithm_name(x) << ": model " << m.scatter_gather(x, bytes, t, red) << " reference " << want);
+                REQUIRE(same_cost(m.scatter_gather(x, bytes, t, red), want));
+                best = std::min(best, want);
+              }
+              const algorithm g = red ? sel.choose_reduce_scatter(bytes, t, seg) : sel.choose_allgather(bytes, t, seg);
+              INFO("gather chose " << algorithm_name(g));
+              REQUIRE(ref.gather(g, n, p, G, groups, red) <= best * (1 + 1e-9));
+              ++gathers[static_cast<std::size_t>(g)];
+
+              best = std::numeric_limits<double>::infinity();
+              for (auto x : {algorithm::tree, algorithm::ring, algorithm::scatter_allgather}) {
+                const double want = ref.rooted(x, n, p, G, groups, red, static_cast<double>(seg));
+                INFO(algorithm_name(x) << ": model " << m.rooted(x, bytes, t, red, seg) << " reference " << want);
+                REQUIRE(same_cost(m.rooted(x, bytes, t, red, seg), want));
+                best = std::min(best, want);
+              }
+              const algorithm r = sel.choose_rooted(bytes, t, red, seg);
+              INFO("rooted chose " << algorithm_name(r));
+              REQUIRE(ref.rooted(r, n, p, G, groups, red, static_cast<double>(seg)) <= best * (1 + 1e-9));
+              ++rooteds[static_cast<std::size_t>(r)];
+              ++checked;
+            }
+          }
+        }
+  CHECK(checked > 2000);
+  for (auto x : {algorithm::ring, algorithm::bruck, algorithm::rd}) {
+    INFO("gathers never chose " << algorithm_name(x));
+    CHECK(gathers[static_cast<std::size_t>(x)] > 0);
+  }
+  for (auto x : {algorithm::tree, algorithm::ring, algorithm::scatter_allgather}) {
+    INFO("rooted never chose " << algorithm_name(x));
+    CHECK(rooteds[static_cast<std::size_t>(x)] > 0);
+  }
+}
+
+TEST_CASE("select: hier's step between groups shares the NIC (choose_inner)") {
+  // between_groups(g): every rank of a group crosses at once, beta times
+  // min(g, nic_share); the choice is the cheapest textbook schedule on it.
+  cost_model m;
+  m.local = {1e-6, 1e-10, 1e-10};
+  m.global = {10e-6, 1e-9, 1e-10};
+  m.nic_share = 4;
+  const selector sel(m);
+  const std::size_t seg = policy::ring_segment_bytes;
+  const ref_model ref{{10e-6, 1e-9, 1e-10}, {1e-6, 1e-10, 1e-10}, static_cast<double>(seg), 4};
+  for (int groups : {2, 3, 8, 16})
+    for (int g : {1, 2, 4, 8}) // 8: clamped to nic_share 4
+      for (std::size_t b = 8; b <= (std::size_t{1} << 30); b *= 8) {
+        const ref_link link{10e-6, 1e-9 * std::min(g, 4), 1e-10};
+        const algorithm got = sel.choose_inner(b, groups, seg, g);
+        INFO("groups=" << groups << " g=" << g << " bytes=" << b << " chose " << algorithm_name(got));
+        CHECK(ref.textbook(got, static_cast<double>(b), groups, link) <=
+              ref.best_textbook(static_cast<double>(b), groups, link) * (1 + 1e-9));
+      }
+  // The ring between 3 groups of 8 ranks, nic_share 4: beta 4 x 1e-9, so
+  // 2 x 2 x 10e-6 + 2 x 2/3 x 64 Mi x 4e-9 + 2/3 x 64 Mi x 1e-10
+  // = 40e-6 + 357913.941333e-6 + 4473.924267e-6 = 362427.8656 us.
+  const double n = 64.0 * (1 << 20);
+  CHECK(cost_model::flat(algorithm::ring, n, 3, m.between_groups(8), 1 << 18) ==
+        doctest::Approx(362427.8656e-6).epsilon(1e-10));
+  CHECK(m.between_groups(8).beta == doctest::Approx(4e-9).epsilon(1e-15));
+  CHECK(m.between_groups(2).beta == doctest::Approx(2e-9).epsilon(1e-15));
+  CHECK(m.between_groups(0).beta == doctest::Approx(1e-9).epsilon(1e-15));
 }
 
 TEST_CASE("select: default model switches from latency- to bandwidth-optimal schedules") {
@@ -269,23 +556,40 @@ TEST_CASE("select: calibrate fails on every rank for a malformed GRADSYNC_ALGO")
   CHECK(failures == 4);
 }
 
-TEST_CASE("select: broadcast and reduce pick tree or chain by the model") {
+TEST_CASE("select: broadcast and reduce pick tree, chain or scatter-allgather by the model") {
+  // One group, link {10 us, 1e-10, 1e-10}, segments of S = 256 KiB:
+  //  tree: L = ceil(lg p) rounds of the whole message (the segments follow
+  //    at the root's pace, L beta each): L (alpha + n (beta + gamma));
+  //  chain: (p - 2 + k) (alpha + n/k (beta + gamma)), k = ceil(n / S);
+  //  scatter_allgather (broadcast only): a binomial scatter of L rounds
+  //    moving p - 1 blocks of n/p in all, then the ring allgather:
+  //    L alpha + (p-1)/p n beta + (p - 1)(alpha + n/p beta).
   cost_model m;
   m.local = {10e-6, 1e-10, 1e-10};
   const selector sel(m);
-  for (int p : {2, 4, 8, 16})
-    for (std::size_t bytes : {std::size_t{8}, std::size_t{1} << 16, std::size_t{1} << 26})
+  for (int p : {2, 3, 4, 6, 8, 12, 16, 64})
+    for (std::size_t bytes : {std::size_t{8}, std::size_t{1} << 16, std::size_t{1} << 22, std::size_t{1} << 26})
       for (bool red : {false, true}) {
         const double L = std::ceil(std::log2(p)), n = static_cast<double>(bytes), S = 1 << 18;
         const double g = red ? 1e-10 : 0;
         const double tree = L * (10e-6 + n * (1e-10 + g));
         const double k = std::max(1.0, std::ceil(n / S));
         const double chain = (p - 2 + k) * (10e-6 + n / k * (1e-10 + g));
-        CHECK(sel.choose_rooted(bytes, p, red, 1 << 18) == (tree < chain ? algorithm::tree : algorithm::ring));
+        const double sa = red ? std::numeric_limits<double>::infinity()
+                              : L * 10e-6 + (p - 1.0) / p * n * 1e-10 + (p - 1) * (10e-6 + n / p * 1e-10);
+        INFO("p=" << p << " bytes=" << bytes << " reduce=" << red);
+        CHECK(m.rooted(algorithm::tree, bytes, p, red, 1 << 18) == doctest::Approx(tree).epsilon(1e-12));
+        CHECK(m.rooted(algorithm::ring, bytes, p, red, 1 << 18) == doctest::Approx(chain).epsilon(1e-12));
+        if (!red) CHECK(m.rooted(algorithm::scatter_allgather, bytes, p, red, 1 << 18) == doctest::Approx(sa).epsilon(1e-12));
+        const double best = std::min({tree, chain, sa});
+        const algorithm want = tree == best ? algorithm::tree : chain == best ? algorithm::ring : algorithm::scatter_allgather;
+        CHECK(sel.choose_rooted(bytes, p, red, 1 << 18) == want);
       }
   // No other schedule is rooted: the model has no time for it.
   CHECK(m.rooted(algorithm::rd, 8, 4, false, 1 << 18) == std::numeric_limits<double>::infinity());
   CHECK(m.rooted(algorithm::direct, 8, 4, true, 1 << 18) == std::numeric_limits<double>::infinity());
+  CHECK(m.rooted(algorithm::scatter_allgather, 8, 4, true, 1 << 18) == std::numeric_limits<double>::infinity());
+  CHECK(m.rooted(algorithm::bruck, 8, 4, false, 1 << 18) == std::numeric_limits<double>::infinity());
 }
 
 TEST_CASE("select: direct broadcast and reduce (the arena) by hand, and chosen only with an arena") {
@@ -374,7 +678,7 @@ TEST_CASE("select: with a shared arena the model chooses direct where it is chea
     const double rounds = std::max(1.0, std::ceil(n / (2 << 20)));
     return 2 * rounds * 1e-6 + 2 * n * 2e-10 + (p - 1.0) / p * n * 1e-10;
   };
-  const ref_model ref{2e-6, 1e-10, 1e-10, 2e-6, 1e-10, 1e-10, static_cast<double>(seg)};
+  const ref_model ref{{2e-6, 1e-10, 1e-10}, {2e-6, 1e-10, 1e-10}, static_cast<double>(seg)};
   int directs = 0, others = 0;
   for (int p : {2, 3, 4, 8})
     for (std::size_t bytes = 4; bytes <= (std::size_t{1} << 28); bytes *= 4) {
@@ -392,7 +696,7 @@ TEST_CASE("select: with a shared arena the model chooses direct where it is chea
   CHECK(others > 0);
 }
 
-TEST_CASE("select: reduce-scatter and allgather choose direct or ring by the model") {
+TEST_CASE("select: reduce-scatter and allgather choose direct, ring, bruck or rd by the model") {
   cost_model m;
   m.local = {2e-6, 1e-10, 1e-10};
   m.global = {20e-6, 1e-9, 1e-10};
@@ -400,42 +704,406 @@ TEST_CASE("select: reduce-scatter and allgather choose direct or ring by the mod
   const selector sel(m);
   const topology t{4, 4, 1, true};
   const std::size_t seg = 1 << 18, big = std::size_t{64} << 20;
-  // bytes: the whole reduce-scatter input / allgather output (4 blocks).
-  // 8 KiB reduce-scatter: ring 3 (2e-6 + 2048 (1e-10 + 1e-10)) = 7.2288 us;
-  // direct 1 round: 1e-6 + 8192 x 2e-10 + 0.75 x 8192 x 1e-10 = 3.2528 us.
+  // bytes: the whole reduce-scatter input / allgather output (4 blocks of b).
+  // 8 KiB reduce-scatter (b = 2048): ring 3 (2e-6 + 2048 (1e-10 + 1e-10))
+  // = 7.2288 us; rd (halving) 2 rounds of 1 and 2 blocks: 2 x 2e-6 + 3 x
+  // 2048 x 2e-10 = 5.2288 us; bruck the same plus a local copy of the input,
+  // 8192 x 2e-10: 6.8672 us; direct 1 round: 1e-6 + 8192 x 2e-10 + 0.75 x
+  // 8192 x 1e-10 = 3.2528 us.
   CHECK(m.scatter_gather(algorithm::ring, 8192, t, true) == doctest::Approx(7.2288e-6).epsilon(1e-12));
+  CHECK(m.scatter_gather(algorithm::rd, 8192, t, true) == doctest::Approx(5.2288e-6).epsilon(1e-12));
+  CHECK(m.scatter_gather(algorithm::bruck, 8192, t, true) == doctest::Approx(6.8672e-6).epsilon(1e-12));
   CHECK(m.scatter_gather(algorithm::direct, 8192, t, true) == doctest::Approx(3.2528e-6).epsilon(1e-12));
   CHECK(sel.choose_reduce_scatter(8192, t, seg) == algorithm::direct);
-  // 64 MiB: ring 3 (2e-6 + 16 Mi x 2e-10) = 10.0723296 ms; direct 32 rounds
-  // of 2 MiB: 32e-6 + 13.4217728e-3 + 5.0331648e-3 = 18.4869376 ms.
+  // 64 MiB (b = 16 Mi): ring 3 (2e-6 + 16 Mi x 2e-10) = 10.0723296 ms; rd
+  // one alpha less: 4e-6 + 3 x 16 Mi x 2e-10 = 10.0703296 ms; bruck + 64 Mi
+  // x 2e-10 = 23.4921024 ms; direct 32 rounds of 2 MiB: 32e-6 +
+  // 13.4217728e-3 + 5.0331648e-3 = 18.4869376 ms. rd wins.
   CHECK(m.scatter_gather(algorithm::ring, big, t, true) == doctest::Approx(10.0723296e-3).epsilon(1e-12));
+  CHECK(m.scatter_gather(algorithm::rd, big, t, true) == doctest::Approx(10.0703296e-3).epsilon(1e-12));
+  CHECK(m.scatter_gather(algorithm::bruck, big, t, true) == doctest::Approx(23.4921024e-3).epsilon(1e-12));
   CHECK(m.scatter_gather(algorithm::direct, big, t, true) == doctest::Approx(18.4869376e-3).epsilon(1e-12));
-  CHECK(sel.choose_reduce_scatter(big, t, seg) == algorithm::ring);
-  // 8 KiB allgather: ring 3 (2e-6 + 2048e-10) = 6.6144 us; direct: stage one
-  // 2 KiB block in 1 round: 1e-6 + 8192 x 2e-10 = 2.6384 us.
+  CHECK(sel.choose_reduce_scatter(big, t, seg) == algorithm::rd);
+  // 8 KiB allgather: ring 3 (2e-6 + 2048e-10) = 6.6144 us; bruck and rd
+  // both 2 rounds of 1 and 2 blocks: 4e-6 + 3 x 2048e-10 = 4.6144 us;
+  // direct: stage one 2 KiB block in 1 round: 1e-6 + 8192 x 2e-10 = 2.6384 us.
   CHECK(m.scatter_gather(algorithm::ring, 8192, t, false) == doctest::Approx(6.6144e-6).epsilon(1e-12));
+  CHECK(m.scatter_gather(algorithm::bruck, 8192, t, false) == doctest::Approx(4.6144e-6).epsilon(1e-12));
+  CHECK(m.scatter_gather(algorithm::rd, 8192, t, false) == doctest::Approx(4.6144e-6).epsilon(1e-12));
   CHECK(m.scatter_gather(algorithm::direct, 8192, t, false) == doctest::Approx(2.6384e-6).epsilon(1e-12));
   CHECK(sel.choose_allgather(8192, t, seg) == algorithm::direct);
-  // 64 MiB: ring 3 (2e-6 + 16 Mi x 1e-10) = 5.0391648 ms; direct: blocks of
-  // 16 MiB in 8 rounds: 8e-6 + 13.4217728e-3 = 13.4297728 ms.
+  // 64 MiB: ring 3 (2e-6 + 16 Mi x 1e-10) = 5.0391648 ms; bruck = rd =
+  // 4e-6 + 48 Mi x 1e-10 = 5.0371648 ms; direct: blocks of 16 MiB in 8
+  // rounds: 8e-6 + 13.4217728e-3 = 13.4297728 ms. The tie goes to bruck
+  // (the earlier candidate).
   CHECK(m.scatter_gather(algorithm::ring, big, t, false) == doctest::Approx(5.0391648e-3).epsilon(1e-12));
+  CHECK(m.scatter_gather(algorithm::bruck, big, t, false) == doctest::Approx(5.0371648e-3).epsilon(1e-12));
+  CHECK(m.scatter_gather(algorithm::rd, big, t, false) == doctest::Approx(5.0371648e-3).epsilon(1e-12));
   CHECK(m.scatter_gather(algorithm::direct, big, t, false) == doctest::Approx(13.4297728e-3).epsilon(1e-12));
-  CHECK(sel.choose_allgather(big, t, seg) == algorithm::ring);
-  // Several groups: the ring runs on the global link. 8 KiB allgather on 2
-  // groups of 2: 3 (20e-6 + 2048e-9) = 66.144 us.
+  CHECK(sel.choose_allgather(big, t, seg) == algorithm::bruck);
+  // Several groups: the ring is a chain, one hop in 2 leaving the group:
+  // alpha (2e-6 + 20e-6) / 2 = 11 us per step, the slower link's beta
+  // max(1e-10, 1e-9) per byte. 8 KiB allgather on 2 groups of 2:
+  // 3 (11e-6 + 2048 x 1e-9) = 39.144 us; reduce-scatter adds the local
+  // gamma: 3 (11e-6 + 2048 x 1.1e-9) = 39.7584 us.
   const topology grouped{4, 2, 2, true};
-  CHECK(m.scatter_gather(algorithm::ring, 8192, grouped, false) == doctest::Approx(66.144e-6).epsilon(1e-12));
-  // No arena: always ring, direct costs infinity; one rank: nothing to do.
+  CHECK(m.scatter_gather(algorithm::ring, 8192, grouped, false) == doctest::Approx(39.144e-6).epsilon(1e-12));
+  CHECK(m.scatter_gather(algorithm::ring, 8192, grouped, true) == doctest::Approx(39.7584e-6).epsilon(1e-12));
+  // No arena: direct costs infinity, as does anything not a gather
+  // schedule; one rank: nothing to do.
   const topology no_arena{4, 4, 1};
   CHECK(m.scatter_gather(algorithm::direct, 8192, no_arena, true) == std::numeric_limits<double>::infinity());
   CHECK(m.scatter_gather(algorithm::tree, 8192, t, true) == std::numeric_limits<double>::infinity());
   CHECK(m.scatter_gather(algorithm::ring, 8192, topology{1, 1, 1, true}, true) == 0);
+  // Without an arena on 4 ranks: rd's 2 rounds move what the ring's 3 do
+  // (3 blocks), so the ring never wins; reduce-scatter: bruck adds a copy
+  // of the input, rd wins; allgather: bruck and rd cost the same, bruck.
   for (std::size_t b = 8; b <= big; b *= 8) {
-    CHECK(sel.choose_reduce_scatter(b, no_arena, seg) == algorithm::ring);
-    CHECK(sel.choose_allgather(b, no_arena, seg) == algorithm::ring);
+    CHECK(sel.choose_reduce_scatter(b, no_arena, seg) == algorithm::rd);
+    CHECK(sel.choose_allgather(b, no_arena, seg) == algorithm::bruck);
   }
-  // The table wins when it names ring or direct; other names fall to the model.
+  // The table wins when it names ring, bruck, rd or (with an arena) direct;
+  // other names fall to the model.
   CHECK(selector(m, parse_algo_table("ring")).choose_reduce_scatter(8192, t, seg) == algorithm::ring);
   CHECK(selector(m, parse_algo_table("direct")).choose_allgather(big, t, seg) == algorithm::direct);
-  CHECK(selector(m, parse_algo_table("rd")).choose_allgather(8192, t, seg) == algorithm::direct);
+  CHECK(selector(m, parse_algo_table("rd")).choose_allgather(8192, t, seg) == algorithm::rd);
+  CHECK(selector(m, parse_algo_table("bruck")).choose_reduce_scatter(8192, t, seg) == algorithm::bruck);
+  CHECK(selector(m, parse_algo_table("tree")).choose_allgather(8192, t, seg) == algorithm::direct);
+  CHECK(selector(m, parse_algo_table("direct")).choose_allgather(8192, no_arena, seg) == algorithm::bruck);
+}
+
+TEST_CASE("select: bruck and rd allgather and reduce-scatter by hand on one group") {
+  // One group, link {1 us, 1e-9, 5e-10}, arena copy 2e-10; n = 24000 bytes.
+  cost_model m;
+  m.local = {1e-6, 1e-9, 5e-10};
+  m.global = {50e-6, 1e-8, 1e-9}; // unused on one group
+  m.arena.copy = 2e-10;
+  const selector sel(m);
+  const std::size_t n = 24000, seg = 1 << 18;
+  const topology t8{8, 8, 1}, t6{6, 6, 1};
+  // p = 8, blocks of b = 3000:
+  //  bruck allgather: rounds d = 1, 2, 4 of 1, 2, 4 blocks:
+  //    3 x 1e-6 + 7 x 3000 x 1e-9 = 3e-6 + 21e-6 = 24 us;
+  //  rd allgather: rounds d = 1, 2, 4 of d blocks of n/8: the same, 24 us;
+  //  ring allgather: 7 (1e-6 + 3e-6) = 28 us;
+  //  bruck reduce-scatter: halvings 8 -> 4 -> 2 -> 1 sending 4, 2, 1 blocks
+  //    and reducing them, plus the copy of the input:
+  //    3e-6 + 7 x 3000 x 1.5e-9 + 24000 x 2e-10 = 3e-6 + 31.5e-6 + 4.8e-6 = 39.3 us;
+  //  rd reduce-scatter (halving): 3e-6 + 7 x 3000 x 1.5e-9 = 34.5 us;
+  //  ring reduce-scatter: 7 (1e-6 + 3000 x 1.5e-9) = 38.5 us.
+  CHECK(m.scatter_gather(algorithm::bruck, n, t8, false) == doctest::Approx(24e-6).epsilon(1e-12));
+  CHECK(m.scatter_gather(algorithm::rd, n, t8, false) == doctest::Approx(24e-6).epsilon(1e-12));
+  CHECK(m.scatter_gather(algorithm::ring, n, t8, false) == doctest::Approx(28e-6).epsilon(1e-12));
+  CHECK(m.scatter_gather(algorithm::bruck, n, t8, true) == doctest::Approx(39.3e-6).epsilon(1e-12));
+  CHECK(m.scatter_gather(algorithm::rd, n, t8, true) == doctest::Approx(34.5e-6).epsilon(1e-12));
+  CHECK(m.scatter_gather(algorithm::ring, n, t8, true) == doctest::Approx(38.5e-6).epsilon(1e-12));
+  CHECK(sel.choose_allgather(n, t8, seg) == algorithm::bruck); // tie with rd: the earlier
+  CHECK(sel.choose_reduce_scatter(n, t8, seg) == algorithm::rd);
+  // p = 6, blocks of b = 4000:
+  //  bruck allgather: d = 1, 2, 4 send min(d, 6 - d) = 1, 2, 2 blocks:
+  //    3e-6 + 5 x 4000 x 1e-9 = 23 us;
+  //  rd allgather over the 4 survivors (shares of 6000): d = 1, 2:
+  //    2e-6 + 3 x 6000 x 1e-9 = 20 us, plus the fold: a block in (1e-6 +
+  //    4e-6) and the other 20000 bytes back (1e-6 + 20e-6): 46 us;
+  //  ring allgather: 5 (1e-6 + 4e-6) = 25 us;
+  //  bruck reduce-scatter: halvings 6 -> 3 -> 2 -> 1 sending 3, 1, 1 blocks:
+  //    3e-6 + 5 x 4000 x 1.5e-9 + 4.8e-6 = 37.8 us;
+  //  rd reduce-scatter: the fold sends all n in (1e-6 + 24e-6), reduces it
+  //    (12e-6) and returns a block (1e-6 + 4e-6): 42 us; the halving rounds
+  //    (1e-6 + 6000 x 1.5e-9) + (1e-6 + 12000 x 1.5e-9) = 29 us: 71 us;
+  //  ring reduce-scatter: 5 (1e-6 + 4000 x 1.5e-9) = 35 us.
+  CHECK(m.scatter_gather(algorithm::bruck, n, t6, false) == doctest::Approx(23e-6).epsilon(1e-12));
+  CHECK(m.scatter_gather(algorithm::rd, n, t6, false) == doctest::Approx(46e-6).epsilon(1e-12));
+  CHECK(m.scatter_gather(algorithm::ring, n, t6, false) == doctest::Approx(25e-6).epsilon(1e-12));
+  CHECK(m.scatter_gather(algorithm::bruck, n, t6, true) == doctest::Approx(37.8e-6).epsilon(1e-12));
+  CHECK(m.scatter_gather(algorithm::rd, n, t6, true) == doctest::Approx(71e-6).epsilon(1e-12));
+  CHECK(m.scatter_gather(algorithm::ring, n, t6, true) == doctest::Approx(35e-6).epsilon(1e-12));
+  CHECK(sel.choose_allgather(n, t6, seg) == algorithm::bruck);
+  CHECK(sel.choose_reduce_scatter(n, t6, seg) == algorithm::ring);
+  // no such gather schedule
+  CHECK(m.scatter_gather(algorithm::scatter_allgather, n, t8, false) == std::numeric_limits<double>::infinity());
+  CHECK(m.scatter_gather(algorithm::pairwise, n, t8, true) == std::numeric_limits<double>::infinity());
+}
+
+TEST_CASE("select: scatter-allgather broadcast by hand, and chosen for large broadcasts on many ranks") {
+  // One group, link {1 us, 1e-9, 5e-10}, n = 24000, segments of 256 KiB.
+  cost_model m;
+  m.local = {1e-6, 1e-9, 5e-10};
+  const std::size_t n = 24000, seg = 1 << 18;
+  // p = 8 (b = 3000): the root sends 4, then 2, then 1 blocks (3 rounds,
+  // 7 blocks): 3e-6 + 21e-6 = 24 us; the ring allgather 7 (1e-6 + 3e-6) =
+  // 28 us: 52 us. The tree: 3 (1e-6 + 24e-6) = 75 us; the chain (one
+  // segment): 7 (1e-6 + 24e-6) = 175 us.
+  CHECK(m.rooted(algorithm::scatter_allgather, n, 8, false, seg) == doctest::Approx(52e-6).epsilon(1e-12));
+  CHECK(m.rooted(algorithm::tree, n, 8, false, seg) == doctest::Approx(75e-6).epsilon(1e-12));
+  CHECK(m.rooted(algorithm::ring, n, 8, false, seg) == doctest::Approx(175e-6).epsilon(1e-12));
+  CHECK(selector(m).choose_rooted(n, 8, false, seg) == algorithm::scatter_allgather);
+  // p = 6 (b = 4000): rounds of the subtrees 4 (min(4, 2) = 2 blocks), 2
+  // (2 blocks), 1 (1 block): 3e-6 + 5 x 4e-6 = 23 us; ring allgather
+  // 5 (1e-6 + 4e-6) = 25 us: 48 us.
+  CHECK(m.rooted(algorithm::scatter_allgather, n, 6, false, seg) == doctest::Approx(48e-6).epsilon(1e-12));
+  // only a broadcast: no reduce by scatter-allgather
+  CHECK(m.rooted(algorithm::scatter_allgather, n, 8, true, seg) == std::numeric_limits<double>::infinity());
+  // p = 1: nothing to do
+  CHECK(m.rooted(algorithm::scatter_allgather, n, 1, false, seg) == 0);
+
+  // 64 ranks, link {5 us, 1e-10, 1e-10}, segments S = 256 KiB.
+  cost_model w;
+  w.local = {5e-6, 1e-10, 1e-10};
+  const selector sel(w);
+  const topology t{64, 64, 1};
+  const std::size_t big = std::size_t{4} << 20; // 4 MiB: k = 16 segments
+  // broadcast of 4 MiB:
+  //  tree: 6 rounds: 6 x 5e-6 + 6 x 4 Mi x 1e-10 = 30e-6 + 2516.5824e-6 = 2546.5824 us;
+  //  chain: (62 + 16)(5e-6 + 256 Ki x 1e-10) = 78 x 31.2144e-6 = 2434.7232 us;
+  //  scatter_allgather (b = 64 KiB): 6 x 5e-6 + 63 x 6.5536e-6 = 442.8768 us
+  //    + 63 (5e-6 + 6.5536e-6) = 727.8768 us: 1170.7536 us.
+  CHECK(w.rooted(algorithm::tree, big, t, false, seg) == doctest::Approx(2546.5824e-6).epsilon(1e-12));
+  CHECK(w.rooted(algorithm::ring, big, t, false, seg) == doctest::Approx(2434.7232e-6).epsilon(1e-12));
+  CHECK(w.rooted(algorithm::scatter_allgather, big, t, false, seg) == doctest::Approx(1170.7536e-6).epsilon(1e-12));
+  CHECK(sel.choose_rooted(big, t, false, seg) == algorithm::scatter_allgather);
+  // reduce of 4 MiB (gamma too): tree 2546.5824 + 2516.5824 = 5063.1648 us;
+  // chain 78 (5e-6 + 256 Ki x 2e-10) = 4479.4464 us: the chain.
+  CHECK(w.rooted(algorithm::tree, big, t, true, seg) == doctest::Approx(5063.1648e-6).epsilon(1e-12));
+  CHECK(w.rooted(algorithm::ring, big, t, true, seg) == doctest::Approx(4479.4464e-6).epsilon(1e-12));
+  CHECK(sel.choose_rooted(big, t, true, seg) == algorithm::ring);
+  // broadcast of 8 B: the tree's 6 alphas (30.0048 us) beat the chain's 63
+  // and scatter-allgather's 69.
+  CHECK(w.rooted(algorithm::tree, 8, t, false, seg) == doctest::Approx(30.0048e-6).epsilon(1e-12));
+  CHECK(sel.choose_rooted(8, t, false, seg) == algorithm::tree);
+}
+
+TEST_CASE("select: two-level rd and rabenseifner allreduce: the shared NIC slows only the rounds between groups") {
+  // 64 ranks in 8 groups of 8; local {1 us, 1e-10, 1e-10}, global {10 us,
+  // 1e-9, 3e-10} (the reduction runs on the local kernel: gamma 1e-10);
+  // n = 1 MiB.
+  cost_model m;
+  m.local = {1e-6, 1e-10, 1e-10};
+  m.global = {10e-6, 1e-9, 3e-10};
+  const topology t{64, 8, 8};
+  const std::size_t n = 1 << 20, seg = 1 << 18;
+  // The helpers: exchanges with r XOR d cross for d >= 8 (all 8 ranks of a
+  // group), sends to r + d cross for min(d, 8) ranks of a group.
+  CHECK(cost_model::crossing(t, 4, false) == 0);
+  CHECK(cost_model::crossing(t, 8, false) == 8);
+  CHECK(cost_model::crossing(t, 32, false) == 8);
+  CHECK(cost_model::crossing(t, 3, true) == 3);
+  CHECK(cost_model::crossing(t, 16, true) == 8);
+  CHECK(cost_model::crossing(topology{8, 8, 1}, 4, true) == 0);
+  // rd: 6 rounds of all n. d = 1, 2, 4 inside the groups: 3 (1e-6 + 1 Mi x
+  // 1e-10) = 317.5728 us; d = 8, 16, 32 between groups, all 8 ranks at once;
+  // the reduction 6 x 1 Mi x 1e-10 = 629.1456 us.
+  //  nic_share 1: 3 (10e-6 + 1 Mi x 1e-9) = 3175.728 us: 4122.4464 us;
+  //  nic_share 8: 3 (10e-6 + 8 x 1 Mi x 1e-9) = 25195.824 us: 26142.5424 us;
+  //  nic_share 3: 3 (10e-6 + 3 x 1 Mi x 1e-9) = 9467.184 us: 10413.9024 us.
+  m.nic_share = 1;
+  CHECK(m.allreduce(algorithm::rd, n, t, seg) == doctest::Approx(4122.4464e-6).epsilon(1e-12));
+  m.nic_share = 8;
+  CHECK(m.allreduce(algorithm::rd, n, t, seg) == doctest::Approx(26142.5424e-6).epsilon(1e-12));
+  CHECK(m.contention(t, 8) == 8);
+  CHECK(m.contention(t, 4) == 4);
+  CHECK(m.contention(t, 0) == 1);
+  m.nic_share = 3;
+  CHECK(m.allreduce(algorithm::rd, n, t, seg) == doctest::Approx(10413.9024e-6).epsilon(1e-12));
+  CHECK(m.contention(t, 8) == 3);
+  // rabenseifner: rounds d of n d/64 bytes, twice (halving, doubling).
+  // Inside: 2 (3 x 1e-6 + 7/64 Mi x 1e-10) = 6e-6 + 22.9376e-6 = 28.9376 us;
+  // between (d = 8, 16, 32: 56/64 Mi):
+  //  nic_share 1: 2 (30e-6 + 917504 x 1e-9) = 1895.008 us;
+  //  nic_share 8: 2 (30e-6 + 8 x 917504 x 1e-9) = 14740.064 us;
+  // reduction 63/64 Mi x 1e-10 = 103.2192 us.
+  // Totals 2027.1648 us and 14872.2208 us.
+  m.nic_share = 1;
+  CHECK(m.allreduce(algorithm::rabenseifner, n, t, seg) == doctest::Approx(2027.1648e-6).epsilon(1e-12));
+  m.nic_share = 8;
+  CHECK(m.allreduce(algorithm::rabenseifner, n, t, seg) == doctest::Approx(14872.2208e-6).epsilon(1e-12));
+  // nic_share above the group size is clamped to it: the same as 8.
+  m.nic_share = 32;
+  CHECK(m.allreduce(algorithm::rd, n, t, seg) == doctest::Approx(26142.5424e-6).epsilon(1e-12));
+  // One group: no crossing, rd is 6 (1e-6 + 1 Mi x 1e-10) + 629.1456 us =
+  // 635.1456 + 629.1456 = 1264.2912 us whatever nic_share.
+  CHECK(m.allreduce(algorithm::rd, n, topology{64, 64, 1}, seg) == doctest::Approx(1264.2912e-6).epsilon(1e-12));
+}
+
+TEST_CASE("select: dbtree by hand: one alpha per stage; the full pipeline shares the NIC") {
+  const std::size_t n = 1 << 20, seg = 1 << 18; // k = ceil(n / 2 / seg) = 2 stages of s = 256 Ki
+  // One group of 8 (h = 3), link {1 us, 1e-9, 5e-10}:
+  // (k + 2h)(alpha + 4 s beta + 2 s gamma) = 8 (1e-6 + 1048.576e-6 +
+  // 262.144e-6) = 10493.76 us.
+  CHECK(cost_model::flat(algorithm::dbtree, static_cast<double>(n), 8, {1e-6, 1e-9, 5e-10}, static_cast<double>(seg)) ==
+        doctest::Approx(10493.76e-6).epsilon(1e-12));
+  // 16 ranks in 4 groups of 4 (h = 4), local {1 us, 1e-10, 1e-10}, global
+  // {10 us, 1e-9, 3e-10}: 2h filling stages on the global link alone,
+  // 8 (10e-6 + 4 s 1e-9 + 2 s 1e-10) = 8 x 1111.0048e-6 = 8888.0384 us,
+  // then k stages with 4 ranks a group crossing:
+  //  nic_share 4: 2 (10e-6 + 4 s 4e-9 + 2 s 1e-10) = 8513.4656 us: 17401.504 us;
+  //  nic_share 1: 2 x 1111.0048e-6 = 2222.0096 us: 11110.048 us.
+  cost_model m;
+  m.local = {1e-6, 1e-10, 1e-10};
+  m.global = {10e-6, 1e-9, 3e-10};
+  const topology t{16, 4, 4};
+  m.nic_share = 4;
+  CHECK(m.allreduce(algorithm::dbtree, n, t, seg) == doctest::Approx(17401.504e-6).epsilon(1e-12));
+  m.nic_share = 1;
+  CHECK(m.allreduce(algorithm::dbtree, n, t, seg) == doctest::Approx(11110.048e-6).epsilon(1e-12));
+}
+
+TEST_CASE("select: the chain broadcast and reduce on several groups by hand") {
+  // 16 ranks in 4 groups of 4, local {1 us, 1e-10, 1e-10}, global {10 us,
+  // 1e-9, 3e-10}; n = 1 MiB in k = 4 segments of s = 256 Ki.
+  // Per hop: alpha (3 x 1e-6 + 10e-6) / 4 = 3.25 us; the filling segment's
+  // beta averaged over the hops (3 x 1e-10 + 1e-9) / 4 = 3.25e-10; the
+  // pipeline's pace the slower link's 1e-9.
+  // Broadcast: 14 (3.25e-6 + s 3.25e-10) + 4 (3.25e-6 + s 1e-9)
+  //   = 14 x 88.4468e-6 + 4 x 265.394e-6 = 1238.2552 + 1061.576 = 2299.8312 us.
+  // Reduce (local gamma 1e-10 per hop): 14 (3.25e-6 + s 4.25e-10) +
+  //   4 (3.25e-6 + s 1.1e-9) = 1605.2568 + 1166.4336 = 2771.6904 us.
+  cost_model m;
+  m.local = {1e-6, 1e-10, 1e-10};
+  m.global = {10e-6, 1e-9, 3e-10};
+  const topology t{16, 4, 4};
+  const std::size_t n = 1 << 20, seg = 1 << 18;
+  CHECK(m.chain_alpha(t) == doctest::Approx(3.25e-6).epsilon(1e-12));
+  CHECK(m.hop_beta(t) == doctest::Approx(3.25e-10).epsilon(1e-12));
+  CHECK(m.chain_beta(t) == doctest::Approx(1e-9).epsilon(1e-12));
+  CHECK(m.rooted(algorithm::ring, n, t, false, seg) == doctest::Approx(2299.8312e-6).epsilon(1e-12));
+  CHECK(m.rooted(algorithm::ring, n, t, true, seg) == doctest::Approx(2771.6904e-6).epsilon(1e-12));
+  // One crossing message per group at a time: the shared NIC does not enter.
+  m.nic_share = 4;
+  CHECK(m.rooted(algorithm::ring, n, t, false, seg) == doctest::Approx(2299.8312e-6).epsilon(1e-12));
+  // One group: the textbook chain, (14 + 4)(1e-6 + s 1e-10) = 18 x
+  // 27.2144e-6 = 489.8592 us.
+  CHECK(m.rooted(algorithm::ring, n, 16, false, seg) == doctest::Approx(489.8592e-6).epsilon(1e-12));
+}
+
+TEST_CASE("select: allgather and reduce-scatter on many ranks: bruck or rd small, ring large") {
+  const std::size_t seg = 1 << 18, big = std::size_t{64} << 20;
+  // One group of 48, link {1 us, 1e-10, 1e-10}, arena copy 1e-10.
+  cost_model one;
+  one.local = {1e-6, 1e-10, 1e-10};
+  one.arena.copy = 1e-10;
+  const topology t48{48, 48, 1};
+  // 384 B (blocks of 8):
+  //  bruck allgather: d = 1 .. 32: 1 + 2 + 4 + 8 + 16 + 16 = 47 blocks:
+  //    6e-6 + 376 x 1e-10 = 6.0376 us;
+  //  rd allgather: 5 rounds over 32 survivors (shares of 12: 372 B) and the
+  //    fold (8 B in, 376 B back): 7e-6 + 756e-10 = 7.0756 us;
+  //  ring allgather: 47 (1e-6 + 8e-10) = 47.0376 us;
+  //  bruck reduce-scatter: halvings 48, 24, 12, 6, 3, 2 sending 24, 12, 6,
+  //    3, 1, 1 = 47 blocks: 6e-6 + 376 x 2e-10 + 384 x 1e-10 = 6.1136 us;
+  //  rd reduce-scatter: 7e-6 + 372 x 2e-10 + (384 + 384 + 8) x 1e-10 = 7.152 us;
+  //  ring reduce-scatter: 47 (1e-6 + 16e-10) = 47.0752 us.
+  CHECK(one.scatter_gather(algorithm::bruck, 384, t48, false) == doctest::Approx(6.0376e-6).epsilon(1e-12));
+  CHECK(one.scatter_gather(algorithm::rd, 384, t48, false) == doctest::Approx(7.0756e-6).epsilon(1e-12));
+  CHECK(one.scatter_gather(algorithm::ring, 384, t48, false) == doctest::Approx(47.0376e-6).epsilon(1e-12));
+  CHECK(one.scatter_gather(algorithm::bruck, 384, t48, true) == doctest::Approx(6.1136e-6).epsilon(1e-12));
+  CHECK(one.scatter_gather(algorithm::rd, 384, t48, true) == doctest::Approx(7.152e-6).epsilon(1e-12));
+  CHECK(one.scatter_gather(algorithm::ring, 384, t48, true) == doctest::Approx(47.0752e-6).epsilon(1e-12));
+  const selector s48(one);
+  CHECK(s48.choose_allgather(384, t48, seg) == algorithm::bruck);
+  CHECK(s48.choose_reduce_scatter(384, t48, seg) == algorithm::bruck);
+  // 64 MiB reduce-scatter: ring 47e-6 + 47/48 n x 2e-10 = 13189.1525 us;
+  // bruck 6e-6 + 47/48 n x 2e-10 + n x 1e-10 = 19859.0389 us (the copy of
+  // the input costs more than 41 alphas): the ring. Allgather: bruck moves
+  // the ring's 47 blocks in 6 rounds, 6e-6 + 47/48 n 1e-10 = 6577.0763 us
+  // against 6618.0763 us: bruck at every size on one group.
+  const double N = static_cast<double>(big);
+  CHECK(one.scatter_gather(algorithm::ring, big, t48, true) == doctest::Approx(47e-6 + 47.0 / 48 * N * 2e-10).epsilon(1e-12));
+  CHECK(one.scatter_gather(algorithm::bruck, big, t48, true) ==
+        doctest::Approx(6e-6 + 47.0 / 48 * N * 2e-10 + N * 1e-10).epsilon(1e-12));
+  CHECK(s48.choose_reduce_scatter(big, t48, seg) == algorithm::ring);
+  CHECK(one.scatter_gather(algorithm::bruck, big, t48, false) == doctest::Approx(6e-6 + 47.0 / 48 * N * 1e-10).epsilon(1e-12));
+  CHECK(s48.choose_allgather(big, t48, seg) == algorithm::bruck);
+
+  // 64 ranks in 8 groups of 8, one NIC per group (nic_share 8); local
+  // {1 us, 1e-10, 1e-10}, a latency-heavy global link {20 us, 1e-9, 1e-10}.
+  cost_model two;
+  two.local = {1e-6, 1e-10, 1e-10};
+  two.global = {20e-6, 1e-9, 1e-10};
+  two.arena.copy = 1e-10;
+  two.nic_share = 8;
+  const topology t{64, 8, 8};
+  // 512 B (blocks of 8), allgather:
+  //  ring: 63 steps of alpha (7 x 1e-6 + 20e-6) / 8 = 3.375 us and 8 B at
+  //    1e-9: 63 x 3.383e-6 = 213.129 us;
+  //  bruck: every round d sends d blocks to r + d, min(d, 8) ranks a group
+  //    crossing: sum over d of 20e-6 + 8 d x 1e-9 x min(d, 8) =
+  //    120e-6 + (8 + 32 + 128 + 512 + 1024 + 2048) x 1e-9 = 123.752 us;
+  //  rd: d = 1, 2, 4 inside: 3e-6 + 56 x 1e-10 = 3.0056 us; d = 8, 16, 32
+  //    all 8 crossing: 60e-6 + (64 + 128 + 256) x 8e-9 = 63.584 us: 66.5896 us.
+  // Reduce-scatter: the same plus the local gamma on the blocks reduced:
+  //  ring 63 (3.375e-6 + 8 x 1.1e-9) = 213.1794 us; bruck 123.752 us + 504
+  //  x 1e-10 + the copy 512 x 1e-10 = 123.8536 us; rd 66.5896 + 504 x
+  //  1e-10 = 66.64 us.
+  CHECK(two.scatter_gather(algorithm::ring, 512, t, false) == doctest::Approx(213.129e-6).epsilon(1e-12));
+  CHECK(two.scatter_gather(algorithm::bruck, 512, t, false) == doctest::Approx(123.752e-6).epsilon(1e-12));
+  CHECK(two.scatter_gather(algorithm::rd, 512, t, false) == doctest::Approx(66.5896e-6).epsilon(1e-12));
+  CHECK(two.scatter_gather(algorithm::ring, 512, t, true) == doctest::Approx(213.1794e-6).epsilon(1e-12));
+  CHECK(two.scatter_gather(algorithm::bruck, 512, t, true) == doctest::Approx(123.8536e-6).epsilon(1e-12));
+  CHECK(two.scatter_gather(algorithm::rd, 512, t, true) == doctest::Approx(66.64e-6).epsilon(1e-12));
+  const selector sel(two);
+  CHECK(sel.choose_allgather(512, t, seg) == algorithm::rd);
+  CHECK(sel.choose_reduce_scatter(512, t, seg) == algorithm::rd);
+  // 64 MiB (blocks of 1 MiB): ring allgather 63 (3.375e-6 + 1 Mi x 1e-9) =
+  // 66272.913 us, reduce-scatter 63 (3.375e-6 + 1 Mi x 1.1e-9) = 72878.9418
+  // us; bruck's and rd's round d = 32 alone moves 32 MiB with 8 ranks
+  // sharing the NIC: 32 Mi x 8e-9 = 268435.456 us: the ring.
+  CHECK(two.scatter_gather(algorithm::ring, big, t, false) == doctest::Approx(66272.913e-6).epsilon(1e-12));
+  CHECK(two.scatter_gather(algorithm::ring, big, t, true) == doctest::Approx(72878.9418e-6).epsilon(1e-12));
+  CHECK(two.scatter_gather(algorithm::rd, big, t, false) > 268435.456e-6);
+  CHECK(two.scatter_gather(algorithm::bruck, big, t, false) > 268435.456e-6);
+  CHECK(two.scatter_gather(algorithm::bruck, big, t, true) > 268435.456e-6);
+  CHECK(sel.choose_allgather(big, t, seg) == algorithm::ring);
+  CHECK(sel.choose_reduce_scatter(big, t, seg) == algorithm::ring);
+  // With a NIC per rank (nic_share 1) rd's rounds between groups move 56
+  // MiB at 1e-9: 3e-6 + 7 Mi x 1e-10 + 60e-6 + 56 Mi x 1e-9 = 3e-6 +
+  // 734.0032e-6 + 60e-6 + 58720.256e-6 = 59517.2592 us, below the ring's
+  // 66272.913 us: rd.
+  two.nic_share = 1;
+  CHECK(two.scatter_gather(algorithm::rd, big, t, false) == doctest::Approx(59517.2592e-6).epsilon(1e-12));
+  CHECK(selector(two).choose_allgather(big, t, seg) == algorithm::rd);
+}
+
+TEST_CASE("select: table entries naming gather and broadcast schedules") {
+  // The model of the case above (64 ranks, 8 groups sharing a NIC), where
+  // the model picks the ring for 64 MiB gathers and the tree for 8 B.
+  cost_model m;
+  m.local = {1e-6, 1e-10, 1e-10};
+  m.global = {20e-6, 1e-9, 1e-10};
+  m.nic_share = 8;
+  const topology t{64, 8, 8};
+  const std::size_t seg = 1 << 18, big = std::size_t{64} << 20;
+  const selector model(m);
+  REQUIRE(model.choose_allgather(big, t, seg) == algorithm::ring);
+  // "bruck": honoured by allgather, reduce-scatter and (equal blocks)
+  // alltoall; allreduce, hier's inner step and broadcast keep the model.
+  const selector bruck(m, parse_algo_table("bruck"));
+  CHECK(bruck.choose_allgather(big, t, seg) == algorithm::bruck);
+  CHECK(bruck.choose_reduce_scatter(big, t, seg) == algorithm::bruck);
+  CHECK(bruck.choose_alltoall(1024, t, true) == algorithm::bruck);
+  CHECK(bruck.choose_alltoall(1024, t, false) == model.choose_alltoall(1024, t, false));
+  for (std::size_t b : {std::size_t{8}, std::size_t{1} << 20, big}) {
+    CHECK(bruck.choose(b, t, seg) == model.cheapest(b, t, seg));
+    CHECK(bruck.choose_inner(b, 8, seg, 8) == model.choose_inner(b, 8, seg, 8));
+    CHECK(bruck.choose_rooted(b, t, false, seg) == model.choose_rooted(b, t, false, seg));
+  }
+  // A size range: bruck up to 1 KiB, rd above.
+  const selector ranged(m, parse_algo_table("bruck:0-1K;rd:1K-max"));
+  CHECK(ranged.choose_allgather(512, t, seg) == algorithm::bruck);
+  CHECK(ranged.choose_allgather(big, t, seg) == algorithm::rd);
+  CHECK(ranged.choose_reduce_scatter(big, t, seg) == algorithm::rd);
+  // "scatter_allgather": broadcasts only; a reduce, allreduce and the
+  // gathers keep the model.
+  const selector sa(m, parse_algo_table("scatter_allgather"));
+  REQUIRE(model.choose_rooted(8, t, false, seg) != algorithm::scatter_allgather);
+  CHECK(sa.choose_rooted(8, t, false, seg) == algorithm::scatter_allgather);
+  CHECK(sa.choose_rooted(8, 4, false, seg) == algorithm::scatter_allgather);
+  CHECK(sa.choose_rooted(8, t, true, seg) == model.choose_rooted(8, t, true, seg));
+  CHECK(sa.choose(8, t, seg) == model.cheapest(8, t, seg));
+  CHECK(sa.choose_allgather(big, t, seg) == algorithm::ring);
+  CHECK(selector::exchange_only(algorithm::scatter_allgather));
+  CHECK(selector::exchange_only(algorithm::bruck));
+  CHECK(!selector::exchange_only(algorithm::rd));
+  // "direct" without an arena is no choice for broadcast: the model's.
+  CHECK(selector(m, parse_algo_table("direct")).choose_rooted(8, t, false, seg) == model.choose_rooted(8, t, false, seg));
 }

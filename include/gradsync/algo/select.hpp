@@ -501,7 +501,8 @@ inline std::vector<size_rule> parse_algo_table(std::string_view spec) {
     const std::string_view name = detail::trim(token.substr(0, colon));
     if (!parse_algorithm(name, rule.algo))
       detail::bad_rule(token, "unknown algorithm '" + std::string(name) +
-                                  "' (auto, ring, tree, dbtree, rd, rabenseifner, hier, 2d, direct, pairwise, scattered, bruck)");
+                                  "' (auto, ring, tree, dbtree, rd, rabenseifner, hier, 2d, direct, pairwise, scattered, bruck, "
+                                  "scatter_allgather)");
     if (colon != std::string_view::npos) {
       const std::string_view range = token.substr(colon + 1);
       const auto dash = range.find('-');
