@@ -588,7 +588,8 @@ template <transport C> std::int64_t run_rank(C& c, const config& cfg) {
   const cost_model& m = sel.model();
   rep.calibration({{"local_alpha", m.local.alpha}, {"local_beta", m.local.beta}, {"local_gamma", m.local.gamma},
                    {"global_alpha", m.global.alpha}, {"global_beta", m.global.beta},
-                   {"global_gamma", m.global.gamma}, {"nic_share", m.nic_share}, {"arena_copy", m.arena.copy},
+                   {"global_gamma", m.global.gamma}, {"local_latency", m.local.latency}, {"global_latency", m.global.latency},
+                   {"nic_share", m.nic_share}, {"arena_copy", m.arena.copy},
                    {"arena_sync", m.arena.sync}});
   rep.header();
   const std::int64_t wrong = with_element(cfg.dt, [&](auto t) { return sweep<C, decltype(t)>(c, cfg, sel, rep); });

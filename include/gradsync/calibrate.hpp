@@ -77,17 +77,44 @@ double exchange_step(C& c, int to, int from, std::size_t bytes, int iters, int t
   return (seconds_now(c) - t0) / iters;
 }
 
+/// Mean seconds of `iters` bursts of `k` 8-byte messages to `to` and from
+/// `from`, all in flight at once (0 if this rank has nothing to do): the
+/// k - 1 extra messages cost their software overhead, not their latency.
+template <transport C> double burst_step(C& c, int to, int from, int k, int iters, int tag) {
+  if (to < 0 && from < 0) return 0;
+  std::vector<std::byte> out(8 * static_cast<std::size_t>(k)), in(out.size());
+  std::vector<algo::request_t<C>> q;
+  auto burst = [&] {
+    for (int j = 0; j < k; ++j) {
+      const auto at = static_cast<std::size_t>(j) * 8;
+      if (from >= 0) q.push_back(c.irecv(std::span<std::byte>(in).subspan(at, 8), from, tag));
+      if (to >= 0) q.push_back(c.isend(std::span<const std::byte>(out).subspan(at, 8), to, tag));
+    }
+    algo::wait_all(q);
+  };
+  burst(); // warm
+  const double t0 = seconds_now(c);
+  for (int i = 0; i < iters; ++i) burst();
+  return (seconds_now(c) - t0) / iters;
+}
+
 /// alpha and beta of one exchange step with partners `to` and `from` (-1:
-/// none), measured on every rank at once (see exchange_step).
+/// none), measured on every rank at once (see exchange_step), and the part
+/// of alpha a burst of messages overlaps (link_cost::latency: alpha less
+/// the per-message overhead the burst shows).
 template <transport C> link_cost measure_step(C& c, int to, int from, int tag) {
   // Start together (the barrier's own tag: its messages cannot match a step's).
   barrier(c, {.tag = tag + 1});
   const double small = exchange_step(c, to, from, 8, policy::calibrate_iters, tag);
   barrier(c, {.tag = tag + 1});
   const double large = exchange_step(c, to, from, policy::calibrate_bytes, policy::calibrate_iters / 4 + 1, tag);
+  barrier(c, {.tag = tag + 1});
+  constexpr int k = 8;
+  const double burst = burst_step(c, to, from, k, policy::calibrate_iters / 4 + 1, tag);
   link_cost l;
   l.alpha = small;
   l.beta = std::max(0.0, large - small) / static_cast<double>(policy::calibrate_bytes);
+  l.latency = std::clamp(small - std::max(0.0, burst - small) / (k - 1), 0.0, small);
   return l;
 }
 
@@ -204,7 +231,7 @@ template <transport C> selector calibrate(C& c, int group_size = 0, const option
   // flag, memcpy cost, the direct allreduce's times.
   std::vector<double> v{local.alpha, local.beta, global.alpha, global.beta, kernels.gamma,
                         h, -h, parse_error ? 1.0 : 0.0, kernels.copy, direct.small, direct.large, direct.ring,
-                        crowded.beta, static_cast<double>(groups.max_size())};
+                        crowded.beta, static_cast<double>(groups.max_size()), local.latency, global.latency};
   // A fixed schedule: `automatic` would consult a model, which is what this
   // call is still agreeing on.
   allreduce(c, std::span<double>(v), op::max{}, options{.algo = algorithm::ring, .tag = o.tag});
@@ -214,8 +241,8 @@ template <transport C> selector calibrate(C& c, int group_size = 0, const option
   }
   GRADSYNC_REQUIRE(v[5] == -v[6], "GRADSYNC_ALGO", r, "differs between ranks (this rank: '" + spec + "')");
   cost_model m;
-  m.local = {v[0], v[1], v[4]};
-  m.global = groups.count() > 1 ? link_cost{v[2], v[3], v[4]} : m.local;
+  m.local = {v[0], v[1], v[4], v[14]};
+  m.global = groups.count() > 1 ? link_cost{v[2], v[3], v[4], v[15]} : m.local;
   if (groups.max_size() <= 1) m.local = m.global; // groups of one rank: no link inside a group to time
   if (groups.count() > 1 && v[3] > 0) m.nic_share = std::clamp(v[12] / v[3], 1.0, std::max(1.0, v[13]));
   m.arena.copy = v[8];

@@ -170,7 +170,7 @@ TEST_CASE("hier: clear errors") {
     o.group_size = -1;
     CHECK_THROWS_WITH_AS(allreduce(c, std::span<float>(v), op::sum{}, o), doctest::Contains("negative"), error);
     o = options{};
-    o.algo = algorithm::rd;
+    o.algo = algorithm::tree;
     CHECK_THROWS_WITH_AS(reduce_scatter(c, std::span<const float>(v.data(), 8), std::span<float>(v.data() + 8, 2), op::sum{}, o),
                          doctest::Contains("not available for reduce_scatter"), error);
     o.algo = algorithm::dbtree;
