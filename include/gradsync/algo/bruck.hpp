@@ -72,11 +72,10 @@ void allgather(C& c, const S& sop, typename S::value_type* out, const partition&
 }
 
 /// Scratch bytes of reduce_scatter for `blocks` (p blocks) of elements of
-/// T under the typed reduction: the rotated work copy of the input and one
-/// receive segment.
+/// T under the typed reduction: a work copy of the input and one receive
+/// segment (pairwise::work_copy_scratch_bytes).
 template <class T> std::size_t reduce_scatter_scratch_bytes(const partition& blocks, std::size_t seg_bytes, int ranks) {
-  if (ranks <= 1 || blocks.count == 0) return 0;
-  return (blocks.count + pairwise::scratch_elems(blocks.count, sizeof(T), seg_bytes, ranks)) * sizeof(T);
+  return pairwise::work_copy_scratch_bytes<T>(blocks, seg_bytes, ranks);
 }
 
 /// Reduce-scatter over the typed reduction `sop`: `in` holds p blocks laid

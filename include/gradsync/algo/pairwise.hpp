@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../core/ops.hpp"
+#include "../core/partition.hpp"
 #include "../exec/executor.hpp"
 #include "schedule.hpp"
 #include "segment_op.hpp"
@@ -42,6 +43,14 @@ template <segment_op S>
 std::size_t scratch_bytes(const S& sop, std::size_t count, std::size_t seg_bytes, int ranks) {
   const std::size_t n = scratch_elems(count, sizeof(typename S::value_type), seg_bytes, ranks);
   return n == 0 ? 0 : sop.slot_bytes(n) * (1 + (S::staged_send ? send_slots : 0));
+}
+
+/// Scratch bytes of a reduce-scatter over `blocks` (p blocks) of elements
+/// of T under the typed reduction that combines into a work copy of its
+/// input (recursive halving, Bruck's): the copy and one receive segment.
+template <class T> std::size_t work_copy_scratch_bytes(const partition& blocks, std::size_t seg_bytes, int ranks) {
+  if (ranks <= 1 || blocks.count == 0) return 0;
+  return (blocks.count + scratch_elems(blocks.count, sizeof(T), seg_bytes, ranks)) * sizeof(T);
 }
 
 /// Handles what every allreduce does alike: a single rank or an empty

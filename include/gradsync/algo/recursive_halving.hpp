@@ -20,11 +20,10 @@
 namespace gradsync::algo::recursive_halving {
 
 /// Scratch bytes of reduce_scatter for `blocks` (p blocks) of elements of
-/// T under the typed reduction: a work copy of the input (combined halves)
-/// and the exchange's receive segment.
+/// T under the typed reduction: a work copy of the input and one receive
+/// segment (pairwise::work_copy_scratch_bytes).
 template <class T> std::size_t scratch_bytes(const partition& blocks, std::size_t seg_bytes, int ranks) {
-  if (ranks <= 1 || blocks.count == 0) return 0;
-  return (blocks.count + pairwise::scratch_elems(blocks.count, sizeof(T), seg_bytes, ranks)) * sizeof(T);
+  return pairwise::work_copy_scratch_bytes<T>(blocks, seg_bytes, ranks);
 }
 
 /// Reduce-scatter over the typed reduction `sop`: `in` holds p blocks laid
