@@ -29,6 +29,7 @@
   GRADSYNC_BENCH_COLLECTIVES(X)                                                                    \
   X("compress", compress_main, "gradient codecs: encode/decode GB/s, ratio, error vs memcpy")      \
   X("fusion", fusion_main, "tensor fusion: many tensors fused (engine, grouped) vs one allreduce each") \
+  X("check-cost", check_cost_main, "the call check's cost on a small allreduce (never vs always, alternating)") \
   GRADSYNC_BENCH_GOSSIP(X)
 #endif
 

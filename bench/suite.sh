@@ -43,6 +43,8 @@ if command -v mpiexec >/dev/null && "$bench" allreduce --help 2>/dev/null | grep
   versus+=("mpi:ring mpi:native $out/mpi-allreduce.json"
            "shm:auto mpi:native $out/shm-allreduce.json $out/mpi-allreduce.json"
            "shm:direct:shared mpi:native shared=$out/shm-shared-allreduce.json $out/mpi-allreduce.json")
+  # What the call check costs a small allreduce over MPI (issue 27; docs/reliability.md).
+  run mpiexec -n 2 "$bench" check-cost -t mpi -b 8,4K
   for c in reduce_scatter allgather broadcast; do
     run mpiexec -n 2 "$bench" "$c" -t mpi -a auto,native -b 8 -e 64M -f 16 -c 1 --json "$out/mpi-$c.json"
   done

@@ -153,8 +153,11 @@ check_path check_path_of(const C& c, const call_fingerprint& f, std::size_t byte
 
 // The same errc::mismatch on every rank of a call its ranks disagree on,
 // from every rank's fingerprint (inband_checked transports).
-template <inband_checked C> [[noreturn]] void raise_disagreement(C& c, const char* name) {
-  const std::vector<std::byte> wire = c.check_fingerprints();
+template <inband_checked C>
+[[noreturn]] void raise_disagreement(C& c, const call_fingerprint& f, const char* name) {
+  std::byte mine[call_fingerprint::wire_bytes];
+  f.write(mine);
+  const std::vector<std::byte> wire = c.check_fingerprints(mine);
   std::vector<call_fingerprint> all;
   for (std::size_t at = 0; at + call_fingerprint::wire_bytes <= wire.size(); at += call_fingerprint::wire_bytes)
     all.push_back(call_fingerprint::read(wire.data() + at));
@@ -167,9 +170,7 @@ template <inband_checked C> [[noreturn]] void raise_disagreement(C& c, const cha
 // fingerprints and one error on every rank.
 template <inband_checked C, class F>
 void checked_by_transport(C& c, const call_fingerprint& f, check_path path, int tag, const char* name, F&& body) {
-  std::byte wire[call_fingerprint::wire_bytes];
-  f.write(wire);
-  const int started = c.check_begin(f.hash(), wire, f.seq, tag, path == check_path::framed);
+  const int started = c.check_begin(f.hash(), f.seq, tag, path == check_path::framed);
   if (started == 0) return body(); // a call inside a checked call: covered by it
   if (started < 0) {               // another thread's call is being checked: a round of our own
     {
@@ -190,7 +191,7 @@ void checked_by_transport(C& c, const call_fingerprint& f, check_path path, int 
   if (path == check_path::messages) {
     {
       const scoped_phase check(trace_of(c), "verify", "call");
-      if (!c.check_round()) raise_disagreement(c, name);
+      if (!c.check_round()) raise_disagreement(c, f, name);
     }
     guard.end();
     return body();
@@ -198,10 +199,10 @@ void checked_by_transport(C& c, const call_fingerprint& f, check_path path, int 
   try {
     body();
   } catch (const error&) {
-    if (c.check_disagreed()) raise_disagreement(c, name);
+    if (c.check_disagreed()) raise_disagreement(c, f, name);
     throw;
   }
-  if (!c.check_agreed()) raise_disagreement(c, name);
+  if (!c.check_agreed()) raise_disagreement(c, f, name);
 }
 
 // Runs the data-moving part of collective `name` (arguments validated, the

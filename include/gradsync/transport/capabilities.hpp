@@ -122,32 +122,32 @@ concept record_board = transport<C> && requires(C& c, int tag, std::span<const s
 };
 
 /// A transport that runs a call's agreement check itself (MPI), driven by
-/// collectives.hpp's run_call. check_begin(hash, wire, seq, tag, framed)
-/// starts the check of this thread's call (`hash` and `wire`: the
-/// fingerprint's hash and wire form, algo/verify.hpp; `seq`: its sequence
-/// number; `tag`: the call's first agreement tag, three in all) and
-/// returns 1, or 0 when this thread's call is already checked (a call a
-/// schedule makes of its own: covered), or -1 when another thread's is (this
-/// call then checks alone, by algo/verify.hpp's round); check_end() ends a
-/// started check. Framed, every message this thread sends or receives until
-/// then carries the smallest and largest hash its sender has seen (16 bytes
-/// before the payload); a message with another hash, of another size, or on
-/// the agreement tags (a rank in another call) marks the call disagreed and
-/// fails the wait (errc::mismatch), and check_agreed() says after the
-/// schedule whether every hash that reached this rank equals its own (for
-/// schedules that carry every rank's messages to every rank, every rank's
-/// did). Not framed, check_round() runs a round of its own (ceil(log2 p)
-/// steps of 16 bytes) and returns whether all agree. On any disagreement,
-/// check_fingerprints() exchanges the fingerprints: every rank gets there,
-/// and all get every rank's wire form (rank order).
+/// collectives.hpp's run_call. check_begin(hash, seq, tag, framed) starts
+/// the check of this thread's call (`hash`: the fingerprint's hash,
+/// algo/verify.hpp; `seq`: its sequence number; `tag`: the call's first
+/// agreement tag, three in all) and returns 1, or 0 when this thread's call
+/// is already checked (a call a schedule makes of its own: covered), or -1
+/// when another thread's is (this call then checks alone, by
+/// algo/verify.hpp's round); check_end() ends a started check. Framed, every
+/// message this thread sends or receives until then carries its sender's
+/// hash (8 bytes before the payload); a message with another hash, of
+/// another size, or on the agreement tags (a rank in another call) marks
+/// the call disagreed and fails the wait (errc::mismatch); check_agreed()
+/// says after the schedule that nothing did (for schedules that carry every
+/// rank's messages to every rank, each rank's causal past holds every rank,
+/// so every hop's equal hashes make all equal). Not framed, check_round()
+/// runs a round of its own (ceil(log2 p) steps of 16 bytes) and returns
+/// whether all agree. On any disagreement, check_fingerprints(mine)
+/// exchanges the fingerprints' wire forms: every rank gets there, and all
+/// get every rank's (rank order).
 template <class C>
 concept inband_checked = transport<C> && requires(C& c, std::uint64_t h, std::span<const std::byte> w, int tag) {
-  { c.check_begin(h, w, h, tag, true) } -> std::same_as<int>;
+  { c.check_begin(h, h, tag, true) } -> std::same_as<int>;
   c.check_end();
   { c.check_agreed() } -> std::same_as<bool>;
   { c.check_round() } -> std::same_as<bool>;
   { c.check_disagreed() } -> std::same_as<bool>;
-  { c.check_fingerprints() } -> std::same_as<std::vector<std::byte>>;
+  { c.check_fingerprints(w) } -> std::same_as<std::vector<std::byte>>;
 };
 
 /// A transport on which any rank can call abort(reason), from any thread:
@@ -176,6 +176,15 @@ template <class C>
 concept clocked = transport<C> && requires(const C& c) {
   { c.wtime() } -> std::convertible_to<double>;
 };
+
+/// Whether c's clock gives the same time to the same work every time (a
+/// simulator's: `wtime_repeats()` where the transport has it), so one timed
+/// repetition measures what many would. Calibration then times each step
+/// once: at 1024 simulated ranks its 20 repetitions took most of a run.
+template <transport C> bool clock_repeats(const C& c) {
+  if constexpr (requires { { c.wtime_repeats() } -> std::convertible_to<bool>; }) return c.wtime_repeats();
+  else return false;
+}
 
 /// Seconds on c's clock: its wtime() where it is `clocked`, else the steady clock.
 template <transport C> double seconds_now(const C& c) {
