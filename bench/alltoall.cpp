@@ -534,7 +534,8 @@ template <transport C> std::int64_t run_rank(C& c, const config& cfg) {
   report rep(c.rank() == 0, cfg.json);
   // As collective.cpp: one calibration per run on every rank (auto and the
   // model column use it), then the memcpy limit while the others wait.
-  const selector sel = calibrate(c);
+  const buffer cal_ws(calibrate_workspace_bytes()); // SMPI shared memory in a simulator's timing runs
+  const selector sel = calibrate(c, 0, {.workspace = std::span(cal_ws.data(), cal_ws.size())});
   memcpy_limit lim;
   barrier(c);
   if (c.rank() == 0) lim = measure_memcpy();

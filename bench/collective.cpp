@@ -74,7 +74,8 @@ template <transport C> std::int64_t run_rank(C& c, const config& cfg) {
   // One calibration per run, on every rank: `auto` and the model column use
   // it. First, while every rank is busy (a rank that waited long, as the
   // others do for the memcpy limit below, may answer slowly at first).
-  const selector sel = calibrate(c, cfg.group_size);
+  const buffer cal_ws(calibrate_workspace_bytes()); // SMPI shared memory in a simulator's timing runs
+  const selector sel = calibrate(c, cfg.group_size, {.workspace = std::span(cal_ws.data(), cal_ws.size())});
   // The limit is measured while the other ranks wait, so nothing competes.
   memcpy_limit lim;
   barrier(c);

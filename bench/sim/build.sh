@@ -6,7 +6,9 @@
 # SMPI 3.32 grants only MPI_THREAD_SINGLE and has no
 # MPI_Dist_graph_create_adjacent; none of these needs either.
 # GRADSYNC_MPI_BLOCKING_WAIT: a wait blocks in MPI_Wait instead of polling,
-# each poll being a simulator context switch (docs/transports/mpi.md).
+# each poll being a simulator context switch (docs/transports/mpi.md);
+# GRADSYNC_MPI_SIMULATED_CLOCK: MPI_Wtime repeats itself, so calibration
+# times each step once (transport/capabilities.hpp clock_repeats).
 # SMPI_NO_OVERRIDE_MALLOC: SMPI's malloc macros would rewrite std::malloc in
 # the standard headers; smpi_compat.h undoes its exit() macro.
 # The objects compile two at a time (-O1: the sweep is one large template
@@ -16,7 +18,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-$root/build-sim}
 obj=$out/smpi-obj
 mkdir -p "$obj"
-flags="-std=c++20 -O1 -DNDEBUG -DGRADSYNC_BENCH_MPI=1 -DGRADSYNC_BENCH_SIM=1 -DGRADSYNC_MPI_BLOCKING_WAIT=1 \
+flags="-std=c++20 -O1 -DNDEBUG -DGRADSYNC_BENCH_MPI=1 -DGRADSYNC_BENCH_SIM=1 -DGRADSYNC_MPI_BLOCKING_WAIT=1 -DGRADSYNC_MPI_SIMULATED_CLOCK=1 \
 -DSMPI_NO_OVERRIDE_MALLOC=1 -DGRADSYNC_BENCH_ELEMENT=float -include $root/bench/sim/smpi_compat.h -I$root/include"
 srcs="collective_sweep alltoall collective gossip common main"
 for src in $srcs; do

@@ -39,7 +39,7 @@ namespace detail {
 /// Seconds (on c's clock: seconds_now) of the fastest of `iters` calls of f().
 template <transport C, class F> double best_seconds(const C& c, int iters, F f) {
   double best = std::numeric_limits<double>::infinity();
-  for (int i = 0; i < iters; ++i) {
+  for (int i = 0; i < iters && best > 0; ++i) { // a clock that did not see the work (a simulator's) will not
     const double t0 = seconds_now(c);
     f();
     best = std::min(best, seconds_now(c) - t0);
@@ -47,37 +47,75 @@ template <transport C, class F> double best_seconds(const C& c, int iters, F f) 
   return best;
 }
 
+// Calibration's buffers: the caller's workspace when it is large enough
+// (calibrate_workspace_bytes), else allocated here.
+class scratch_bytes {
+public:
+  scratch_bytes(std::span<std::byte> given, std::size_t n) {
+    if (given.size() >= n) {
+      p_ = given.data();
+    } else {
+      own_.resize(n);
+      p_ = own_.data();
+    }
+  }
+  std::byte* data() const noexcept { return p_; }
+
+private:
+  std::vector<std::byte> own_;
+  std::byte* p_ = nullptr;
+};
+
+// Seconds per call of `f` over `iters` calls after one warm call. The mean
+// on a real clock, not the best: with more ranks than cores the best step is
+// one in which the pair happened to have the cores to itself, which a
+// collective's steps do not. The median where the clock repeats itself (a
+// simulator's): there the first steps after a barrier carry its exit skew
+// (at 1024 simulated ranks, 8 per node: ~22 us in a few of the first 8
+// steps of a 1 us shift around a node, which a mean of 20 turned into 3 us).
+template <transport C, class F> double timed_steps(const C& c, int iters, F f) {
+  f(); // warm: buffers faulted in, peers awake
+  if (!clock_repeats(c)) {
+    const double t0 = seconds_now(c);
+    for (int k = 0; k < iters; ++k) f();
+    return (seconds_now(c) - t0) / iters;
+  }
+  std::vector<double> d(static_cast<std::size_t>(iters));
+  for (auto& x : d) {
+    const double t0 = seconds_now(c);
+    f();
+    x = seconds_now(c) - t0;
+  }
+  std::nth_element(d.begin(), d.begin() + iters / 2, d.end());
+  return d[static_cast<std::size_t>(iters / 2)];
+}
+
 /// One step of a schedule as collectives run it, every rank busy at once:
 /// each rank sends `bytes` to `to` and receives as many from `from` (-1: no
-/// such message this step). Mean seconds of `iters` steps on this rank (0
+/// such message this step). Seconds per step of `iters` steps on this rank (0
 /// if it has nothing to do). Timing all ranks together, rather than a
 /// ping-pong between two while the rest idle, charges what a real step
 /// costs: with more ranks than cores (in-process threads) a step waits for
-/// the cores, and every pair shares the memory bandwidth.
+/// the cores, and every pair shares the memory bandwidth. See timed_steps.
 template <transport C>
-double exchange_step(C& c, int to, int from, std::size_t bytes, int iters, int tag) {
+double exchange_step(C& c, int to, int from, std::size_t bytes, int iters, int tag, std::span<std::byte> ws = {}) {
   if (to < 0 && from < 0) return 0;
-  std::vector<std::byte> out(bytes), in(bytes);
-  std::optional<decltype(c.irecv(std::span<std::byte>(in), from, tag))> rq;
+  const scratch_bytes buf(ws, 2 * bytes);
+  const std::span<std::byte> out(buf.data(), bytes), in(buf.data() + bytes, bytes);
+  std::optional<decltype(c.irecv(in, from, tag))> rq;
   std::optional<decltype(c.isend(std::span<const std::byte>(out), to, tag))> sq;
   auto step = [&] {
-    if (from >= 0) rq.emplace(c.irecv(std::span<std::byte>(in), from, tag));
+    if (from >= 0) rq.emplace(c.irecv(in, from, tag));
     if (to >= 0) sq.emplace(c.isend(std::span<const std::byte>(out), to, tag));
     if (rq) rq->wait();
     if (sq) sq->wait();
     rq.reset();
     sq.reset();
   };
-  step(); // warm: buffers faulted in, peers awake
-  // The mean, not the best: with more ranks than cores the best step is one
-  // in which the pair happened to have the cores to itself, which a
-  // collective's steps do not.
-  const double t0 = seconds_now(c);
-  for (int k = 0; k < iters; ++k) step();
-  return (seconds_now(c) - t0) / iters;
+  return timed_steps(c, iters, step);
 }
 
-/// Mean seconds of `iters` bursts of `k` 8-byte messages to `to` and from
+/// Seconds (as timed_steps) of `iters` bursts of `k` 8-byte messages to `to` and from
 /// `from`, all in flight at once (0 if this rank has nothing to do): the
 /// k - 1 extra messages cost their software overhead, not their latency.
 template <transport C> double burst_step(C& c, int to, int from, int k, int iters, int tag) {
@@ -92,29 +130,31 @@ template <transport C> double burst_step(C& c, int to, int from, int k, int iter
     }
     algo::wait_all(q);
   };
-  burst(); // warm
-  const double t0 = seconds_now(c);
-  for (int i = 0; i < iters; ++i) burst();
-  return (seconds_now(c) - t0) / iters;
+  return timed_steps(c, iters, burst);
 }
 
 /// alpha and beta of one exchange step with partners `to` and `from` (-1:
 /// none), measured on every rank at once (see exchange_step), and the part
 /// of alpha a burst of messages overlaps (link_cost::latency: alpha less
 /// the per-message overhead the burst shows).
-template <transport C> link_cost measure_step(C& c, int to, int from, int tag) {
+/// `burst` false: no burst (latency left at alpha), for a step whose latency
+/// nothing uses.
+template <transport C>
+link_cost measure_step(C& c, int to, int from, int tag, int iters, std::span<std::byte> ws, bool burst = true) {
   // Start together (the barrier's own tag: its messages cannot match a step's).
   barrier(c, {.tag = tag + 1});
-  const double small = exchange_step(c, to, from, 8, policy::calibrate_iters, tag);
+  const double small = exchange_step(c, to, from, 8, iters, tag);
   barrier(c, {.tag = tag + 1});
-  const double large = exchange_step(c, to, from, policy::calibrate_bytes, policy::calibrate_iters / 4 + 1, tag);
-  barrier(c, {.tag = tag + 1});
-  constexpr int k = 8;
-  const double burst = burst_step(c, to, from, k, policy::calibrate_iters / 4 + 1, tag);
+  const double large = exchange_step(c, to, from, policy::calibrate_bytes, iters / 4 + 1, tag, ws);
   link_cost l;
-  l.alpha = small;
+  l.alpha = l.latency = small;
   l.beta = std::max(0.0, large - small) / static_cast<double>(policy::calibrate_bytes);
-  l.latency = std::clamp(small - std::max(0.0, burst - small) / (k - 1), 0.0, small);
+  if (burst) {
+    barrier(c, {.tag = tag + 1});
+    constexpr int k = 8;
+    const double b = burst_step(c, to, from, k, std::max(5, iters / 4 + 1), tag);
+    l.latency = std::clamp(small - std::max(0.0, b - small) / (k - 1), 0.0, small);
+  }
   return l;
 }
 
@@ -125,18 +165,22 @@ template <transport C> link_cost measure_step(C& c, int to, int from, int tag) {
 struct kernel_costs {
   double gamma = 0, copy = 0;
 };
-template <transport C> kernel_costs measure_kernels(const C& c) {
+template <transport C> kernel_costs measure_kernels(const C& c, int passes, std::span<std::byte> ws) {
   const std::size_t n = policy::calibrate_bytes / sizeof(float);
-  std::vector<float> a(n, 1.0f), b(n, 2.0f);
+  const scratch_bytes buf(ws, 2 * policy::calibrate_bytes);
+  float* const a = reinterpret_cast<float*>(buf.data());
+  float* const b = a + n;
+  std::fill(a, a + n, 1.0f);
+  std::fill(b, b + n, 2.0f);
   const auto per_byte = [](double s) { return s / static_cast<double>(policy::calibrate_bytes); };
   kernel_costs k;
-  k.gamma = per_byte(best_seconds(c, 5, [&] {
-    combine(a.data(), static_cast<const float*>(a.data()), static_cast<const float*>(b.data()), n, op::sum{});
+  k.gamma = per_byte(best_seconds(c, passes, [&] {
+    combine(a, static_cast<const float*>(a), static_cast<const float*>(b), n, op::sum{});
   }));
-  k.copy = per_byte(best_seconds(c, 5, [&] {
-    std::memcpy(b.data(), a.data(), policy::calibrate_bytes);
+  k.copy = per_byte(best_seconds(c, passes, [&] {
+    std::memcpy(b, a, policy::calibrate_bytes);
 #if defined(__GNUC__)
-    asm volatile("" : : "r"(b.data()) : "memory"); // the copy must happen, and here
+    asm volatile("" : : "r"(b) : "memory"); // the copy must happen, and here
 #endif
   }));
   return k;
@@ -173,6 +217,9 @@ inline std::int64_t env_hash(std::string_view s) {
 
 } // namespace detail
 
+/// Bytes of the workspace calibrate() uses when `options::workspace` holds them.
+constexpr std::size_t calibrate_workspace_bytes() noexcept { return 2 * policy::calibrate_bytes; }
+
 /// Builds a selector collectively (every rank must call it, with the same
 /// `group_size`): times one exchange step with every rank busy at once (see
 /// exchange_step: 8 bytes for alpha, policy::calibrate_bytes for beta)
@@ -190,6 +237,10 @@ inline std::int64_t env_hash(std::string_view s) {
 /// its copy cost the memcpy's. Throws on every rank if any rank's GRADSYNC_ALGO is
 /// malformed or differs from the others'. Costs about 2 x
 /// policy::calibrate_iters exchange steps plus a few reduce-kernel passes.
+/// Its large buffers (2 x policy::calibrate_bytes) are `o.workspace` when
+/// that holds calibrate_workspace_bytes() (a simulator's bench passes shared
+/// memory there: 1024 simulated ranks would otherwise fault in and copy
+/// 16 MiB each), else allocated.
 template <transport C> selector calibrate(C& c, int group_size = 0, const options& o = {}) {
   const int p = c.size(), r = c.rank();
   const rank_groups groups = groups_of(c, group_size);
@@ -216,15 +267,19 @@ template <transport C> selector calibrate(C& c, int group_size = 0, const option
     const auto& mem = groups.members[static_cast<std::size_t>(group)];
     return ng > 1 && idx < static_cast<int>(mem.size()) ? mem[static_cast<std::size_t>(idx)] : -1;
   };
-  const link_cost local = detail::measure_step(c, lto, lfrom, o.tag);
+  // Timed repetitions: fewer where the clock repeats itself (a simulator's:
+  // enough for the median to pass over a barrier's skew, timed_steps).
+  const bool repeats = clock_repeats(c);
+  const int iters = repeats ? 9 : policy::calibrate_iters;
+  const link_cost local = detail::measure_step(c, lto, lfrom, o.tag, iters, o.workspace);
   // Between groups twice: every rank crossing at once, then rank 0 of each
   // group alone: their betas' ratio is how many crossing ranks share one
   // link out of a group (cost_model::nic_share).
   const int gto = member((k + 1) % ng, i), gfrom = member((k + ng - 1) % ng, i);
-  const link_cost crowded = detail::measure_step(c, gto, gfrom, o.tag);
-  const link_cost global = detail::measure_step(c, i == 0 ? gto : -1, i == 0 ? gfrom : -1, o.tag);
+  const link_cost crowded = detail::measure_step(c, gto, gfrom, o.tag, iters, o.workspace, false); // its beta only
+  const link_cost global = detail::measure_step(c, i == 0 ? gto : -1, i == 0 ? gfrom : -1, o.tag, iters, o.workspace);
   const detail::direct_times direct = detail::time_direct(c);
-  const detail::kernel_costs kernels = detail::measure_kernels(c);
+  const detail::kernel_costs kernels = detail::measure_kernels(c, repeats ? 1 : 5, o.workspace);
   const double h = static_cast<double>(detail::env_hash(spec));
   // max over ranks of: step times (the slowest rank's), gamma, the table's
   // hash and its negation (equal everywhere iff max(h) == -max(-h)), error
@@ -234,7 +289,9 @@ template <transport C> selector calibrate(C& c, int group_size = 0, const option
                         crowded.beta, static_cast<double>(groups.max_size()), local.latency, global.latency};
   // A fixed schedule: `automatic` would consult a model, which is what this
   // call is still agreeing on.
-  allreduce(c, std::span<double>(v), op::max{}, options{.algo = algorithm::ring, .tag = o.tag});
+  // Recursive doubling: ceil(log2 p) steps, where a ring's 2(p - 1) took
+  // seconds of a 1024-rank simulation.
+  allreduce(c, std::span<double>(v), op::max{}, options{.algo = algorithm::rd, .tag = o.tag});
   if (v[7] != 0) {
     if (parse_error) throw error(parse_error->op(), r, -1, parse_error->reason());
     throw error("GRADSYNC_ALGO", r, -1, "malformed on another rank");
