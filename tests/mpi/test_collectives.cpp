@@ -198,7 +198,7 @@ TEST_CASE("every algorithm, forced, over MPI") {
   const int p = c.size();
   std::set<std::string> skipped;
   for (const algorithm a : {algorithm::ring, algorithm::tree, algorithm::dbtree, algorithm::rd,
-                            algorithm::rabenseifner, algorithm::hier}) {
+                            algorithm::rabenseifner, algorithm::hier, algorithm::bruck, algorithm::scatter_allgather}) {
     const std::string an(algorithm_name(a));
     auto attempt = [&](const char* what, auto f) {
       try {
