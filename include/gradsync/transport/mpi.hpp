@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <bit>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -213,9 +212,7 @@ struct check_state {
     return -1;
   }
 };
-} // namespace detail
 
-namespace detail {
 // A request's per-part state: one part inline, more on the heap. Nearly
 // every message is one part (up to policy::mpi_max_message_bytes); three
 // vectors allocated per message were a tenth of an 8-byte allreduce.
@@ -240,7 +237,7 @@ public:
     ++n_;
   }
   void resize(std::size_t n) {
-    if (n > 1) more_.resize(n - 1);
+    more_.resize(n > 1 ? n - 1 : 0);
     n_ = n;
   }
   void clear() noexcept {
