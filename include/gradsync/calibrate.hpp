@@ -47,24 +47,11 @@ template <transport C, class F> double best_seconds(const C& c, int iters, F f) 
   return best;
 }
 
-// Calibration's buffers: the caller's workspace when it is large enough
-// (calibrate_workspace_bytes), else allocated here.
-class scratch_bytes {
-public:
-  scratch_bytes(std::span<std::byte> given, std::size_t n) {
-    if (given.size() >= n) {
-      p_ = given.data();
-    } else {
-      own_.resize(n);
-      p_ = own_.data();
-    }
-  }
-  std::byte* data() const noexcept { return p_; }
-
-private:
-  std::vector<std::byte> own_;
-  std::byte* p_ = nullptr;
-};
+// Calibration's buffers: the caller's workspace when it holds `n` bytes
+// (calibrate_workspace_bytes), else allocated (exec::host_scratch).
+inline exec::host_scratch<std::byte> scratch_bytes(std::span<std::byte> given, std::size_t n) {
+  return exec::host_scratch<std::byte>(given.size() >= n ? given : std::span<std::byte>{}, n, "calibrate", -1);
+}
 
 // Seconds per call of `f` over `iters` calls after one warm call. The mean
 // on a real clock, not the best: with more ranks than cores the best step is
@@ -100,7 +87,7 @@ template <transport C, class F> double timed_steps(const C& c, int iters, F f) {
 template <transport C>
 double exchange_step(C& c, int to, int from, std::size_t bytes, int iters, int tag, std::span<std::byte> ws = {}) {
   if (to < 0 && from < 0) return 0;
-  const scratch_bytes buf(ws, 2 * bytes);
+  const auto buf = scratch_bytes(ws, 2 * bytes);
   const std::span<std::byte> out(buf.data(), bytes), in(buf.data() + bytes, bytes);
   std::optional<decltype(c.irecv(in, from, tag))> rq;
   std::optional<decltype(c.isend(std::span<const std::byte>(out), to, tag))> sq;
@@ -167,7 +154,7 @@ struct kernel_costs {
 };
 template <transport C> kernel_costs measure_kernels(const C& c, int passes, std::span<std::byte> ws) {
   const std::size_t n = policy::calibrate_bytes / sizeof(float);
-  const scratch_bytes buf(ws, 2 * policy::calibrate_bytes);
+  const auto buf = scratch_bytes(ws, 2 * policy::calibrate_bytes);
   float* const a = reinterpret_cast<float*>(buf.data());
   float* const b = a + n;
   std::fill(a, a + n, 1.0f);
