@@ -1,6 +1,7 @@
 // gradsync-bench alltoall | alltoallv: times gradsync's exchanges
 // (alltoall.hpp) one row per size and schedule (-a auto, pairwise,
-// scattered, bruck; direct: through the shared arena, -t shm only; native:
+// scattered, bruck, hier: two-level over --group-size or the transport's
+// nodes; direct: through the shared arena, -t shm only; native:
 // MPI_Alltoall / MPI_Alltoallv in the same run, -t mpi only, listed by
 // default there) and checks every received element.
 //
@@ -84,6 +85,7 @@ struct config {
   bool v = false; ///< alltoallv
   std::string name, transport, algo_list;
   int ranks = 0;
+  int group_size = 0; ///< options::group_size (hier's groups; 0: the transport's nodes)
   std::vector<algo_choice> algos;
   dtype dt = dtype::f32;
   pattern pat = pattern::uniform;
@@ -101,7 +103,7 @@ struct config {
 std::vector<algo_choice> parse_algos(std::string_view list, const config& cfg) {
   // direct: the shared-memory arena's schedule (algo/alltoall_direct.hpp), shm only.
   const bool arena = cfg.transport == "shm";
-  const std::string mine = std::string(cfg.v ? "auto, pairwise, scattered" : "auto, pairwise, scattered, bruck") +
+  const std::string mine = std::string(cfg.v ? "auto, pairwise, scattered" : "auto, pairwise, scattered, bruck, hier") +
                            (arena ? ", direct" : "") + ", native";
   std::vector<algo_choice> out;
   for (const std::string& name : split_commas(list)) {
@@ -118,9 +120,10 @@ std::vector<algo_choice> parse_algos(std::string_view list, const config& cfg) {
       c.native = true;
     } else if (!parse_algorithm(name, c.a) ||
                !(c.a == algorithm::automatic || c.a == algorithm::pairwise || c.a == algorithm::scattered ||
-                 (!cfg.v && c.a == algorithm::bruck) || (arena && c.a == algorithm::direct))) {
+                 (!cfg.v && (c.a == algorithm::bruck || c.a == algorithm::hier)) ||
+                 (arena && c.a == algorithm::direct))) {
       throw std::invalid_argument("-a: '" + name + "' is not a schedule of " + cfg.name + " (known: " + mine +
-                                  (cfg.v && name == "bruck" ? "; bruck needs equal blocks: alltoall only" : "") + ")");
+                                  (cfg.v && (name == "bruck" || name == "hier") ? "; " + name + " needs equal blocks: alltoall only" : "") + ")");
     }
     for (const auto& o : out)
       if (o.name == c.name) throw std::invalid_argument("-a lists '" + c.name + "' twice");
@@ -408,7 +411,7 @@ std::int64_t sweep(C& c, const config& cfg, const selector& sel, report& rep) {
     std::vector<std::size_t> learned(up);
 
     auto options_for = [&](const algo_choice& a, std::span<std::byte> workspace) {
-      return options{.algo = a.a, .workspace = workspace, .select = &sel};
+      return options{.algo = a.a, .workspace = workspace, .select = &sel, .group_size = cfg.group_size};
     };
     std::size_t ws_bytes = 0; // one workspace per size, fitting every schedule
     if (!cfg.v)
@@ -460,7 +463,7 @@ std::int64_t sweep(C& c, const config& cfg, const selector& sel, report& rep) {
 
     // The cost model's time for schedule x: equal blocks of the size
     // (alltoall), or the busiest rank's mean block to or from the others.
-    const topology topo = topology_of(c, options{.select = &sel});
+    const topology topo = topology_of(c, options{.select = &sel, .group_size = cfg.group_size});
     const double model_block = cfg.v ? (p > 1 ? static_cast<double>(wire_max * sizeof(T)) / (p - 1) : 0.0)
                                      : static_cast<double>(n * sizeof(T));
     auto model_of = [&](algorithm x) -> std::optional<double> {
@@ -535,7 +538,7 @@ template <transport C> std::int64_t run_rank(C& c, const config& cfg) {
   // As collective.cpp: one calibration per run on every rank (auto and the
   // model column use it), then the memcpy limit while the others wait.
   const buffer cal_ws(calibrate_workspace_bytes()); // SMPI shared memory in a simulator's timing runs
-  const selector sel = calibrate(c, 0, {.workspace = std::span(cal_ws.data(), cal_ws.size())});
+  const selector sel = calibrate(c, cfg.group_size, {.workspace = std::span(cal_ws.data(), cal_ws.size())});
   memcpy_limit lim;
   barrier(c);
   if (c.rank() == 0) lim = measure_memcpy();
@@ -615,7 +618,7 @@ int alltoall_main(std::string_view name, int argc, char** argv) {
   int check = 1;
   app.add_option("-a,--algo", algos,
                  std::string("comma list of schedules, one row each per size: auto pairwise scattered ") +
-                     (cfg.v ? "" : "bruck ") +
+                     (cfg.v ? "" : "bruck hier ") +
                      "direct native (direct: through the shared arena, -t shm only; native: MPI_" + (cfg.v ? "Alltoallv" : "Alltoall") +
                      ", -t mpi only; default: auto, and auto,native on -t mpi)");
   app.add_option("-d,--datatype", dt, "element type (one per element size: the exchanges move bytes)")
@@ -645,6 +648,10 @@ int alltoall_main(std::string_view name, int argc, char** argv) {
                  "also time alltoallv_dynamic (receive counts learned in the call) per size, row 'dynamic' (with "
                  "native: 'native:dynamic', MPI_Alltoall of the counts then MPI_Alltoallv)");
   }
+  app.add_option("--group-size", cfg.group_size,
+                 "ranks per group for hier (and the model's topology); 0: the transport's nodes")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
   sweep_options sw;
   sw.max = "16M"; // per peer: each rank holds ranks x this twice (64M on 4 ranks would be 2 GiB in all)
   sw.add_to(app);

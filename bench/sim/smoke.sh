@@ -28,4 +28,4 @@ run reduce_scatter -a auto,ring,bruck,rd,native
 run allgather -a auto,ring,bruck,rd,native
 run broadcast -a auto,ring,tree,scatter_allgather,native
 run reduce -a auto,ring,tree,native
-run alltoall -a auto,pairwise,scattered,bruck,native
+run alltoall -a auto,pairwise,scattered,bruck,hier,native

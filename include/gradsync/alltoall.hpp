@@ -22,6 +22,7 @@
 
 #include "algo/alltoall_bruck.hpp"
 #include "algo/alltoall_direct.hpp"
+#include "algo/alltoall_hier.hpp"
 #include "algo/alltoall_pairwise.hpp"
 #include "algo/alltoall_scattered.hpp"
 #include "algo/exchange.hpp"
@@ -133,15 +134,17 @@ void run_exchange(C& c, algorithm a, const algo::exchange::layout& l, int tag, c
 
 // Whether `a` can run an exchange on C.
 template <transport C> constexpr bool exchange_schedule(algorithm a, bool equal) {
-  return a == algorithm::pairwise || a == algorithm::scattered || (equal && a == algorithm::bruck) ||
-         (shared_arena<C> && a == algorithm::direct);
+  return a == algorithm::pairwise || a == algorithm::scattered ||
+         (equal && (a == algorithm::bruck || a == algorithm::hier)) || (shared_arena<C> && a == algorithm::direct);
 }
 
 } // namespace detail
 
 /// The schedule `alltoall` runs for blocks of `block` elements of T:
-/// o.algo, or for `automatic` the cheapest of pairwise, scattered and Bruck
-/// by the cost model (GRADSYNC_ALGO may pin one per block size in bytes).
+/// o.algo, or for `automatic` the cheapest of pairwise, scattered, Bruck,
+/// the two-level `hier` (where the ranks form several groups: o.group_size
+/// or the transport's nodes) and `direct` on a shared arena, by the cost
+/// model (GRADSYNC_ALGO may pin one per block size in bytes).
 template <element T, transport C> algorithm alltoall_algorithm(const C& c, std::size_t block, const options& o = {}) {
   if (o.algo != algorithm::automatic) return o.algo;
   return detail::selector_for<C>(o).choose_alltoall(block * sizeof(T), topology_of(c, o), true);
@@ -156,15 +159,19 @@ template <transport C> algorithm alltoallv_algorithm(const C& c, std::size_t lar
   return detail::v_schedule(c, largest_bytes, o, "alltoallv");
 }
 
-/// Scratch bytes `alltoall` needs for blocks of `block` elements (pass at
-/// least this much as o.workspace to avoid a per-call allocation): Bruck's
-/// rotation and packing buffers, or for an in-place call of the other
-/// schedules a copy of the input.
+/// Scratch bytes `alltoall` needs on this rank for blocks of `block`
+/// elements (pass at least this much as o.workspace to avoid a per-call
+/// allocation): Bruck's rotation and packing buffers, the two-level
+/// schedule's packed and regrouped blocks, or for an in-place call of the
+/// other schedules a copy of the input.
 template <element T, transport C>
 std::size_t alltoall_workspace_bytes(const C& c, std::size_t block, const options& o = {}, bool in_place = false) {
   const std::size_t b = block * sizeof(T);
-  if (alltoall_algorithm<T>(c, block, o) == algorithm::bruck) return algo::alltoall_bruck::scratch_bytes(c.size(), b);
-  return in_place && c.size() > 1 && alltoall_algorithm<T>(c, block, o) != algorithm::direct
+  const algorithm a = alltoall_algorithm<T>(c, block, o);
+  if (a == algorithm::bruck) return algo::alltoall_bruck::scratch_bytes(c.size(), b);
+  if (a == algorithm::hier)
+    return algo::alltoall_hier::scratch_bytes(detail::hier_groups(c, o, "alltoall"), c.rank(), b);
+  return in_place && c.size() > 1 && a != algorithm::direct
              ? b * static_cast<std::size_t>(c.size())
              : 0;
 }
@@ -191,14 +198,26 @@ void alltoall(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> ou
   const std::size_t block = in.size() / static_cast<std::size_t>(p);
   const algorithm a = alltoall_algorithm<T>(c, block, o);
   if (!detail::exchange_schedule<C>(a, true)) detail::unsupported(name, r, a);
+  const rank_groups groups = a == algorithm::hier ? detail::hier_groups(c, o, name) : rank_groups{};
+  const std::size_t scratch = a == algorithm::hier
+                                  ? algo::alltoall_hier::scratch_bytes(groups, r, block * sizeof(T))
+                                  : alltoall_workspace_bytes<T>(c, block, o, in_place);
   exec::host ex;
-  auto ws = ex.template scratch<std::byte>(o.workspace, alltoall_workspace_bytes<T>(c, block, o, in_place), name, r);
-  detail::run_call(c, name, detail::fingerprint_of<T, void>(call_kind::alltoall, block, a), in.size_bytes(), o, [&] {
+  auto ws = ex.template scratch<std::byte>(o.workspace, scratch, name, r);
+  call_fingerprint f = detail::fingerprint_of<T, void>(call_kind::alltoall, block, a);
+  // The two-level schedule's messages follow the groups: ranks must agree on them.
+  if (a == algorithm::hier)
+    f.codec = detail::fnv1a(detail::fnv_basis, groups.group_of.data(), groups.group_of.size() * sizeof(int));
+  detail::run_call(c, name, f, in.size_bytes(), o, [&] {
     const auto* src = reinterpret_cast<const std::byte*>(in.data());
     auto* dst = reinterpret_cast<std::byte*>(out.data());
     const std::size_t bytes = block * sizeof(T);
     if (a == algorithm::bruck) {
       algo::alltoall_bruck::run(c, src, dst, bytes, o.tag, ws.data());
+      return;
+    }
+    if (a == algorithm::hier) {
+      algo::alltoall_hier::run(c, groups, src, dst, bytes, o.tag, ws.data(), policy::alltoall_window);
       return;
     }
     if (in_place && p > 1 && a != algorithm::direct) { // direct stages each range before it lands

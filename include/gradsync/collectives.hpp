@@ -115,7 +115,8 @@ enum class check_path { none, inband, arena, board, messages, framed };
 // fold for other rank counts), the ring (p - 1 steps from the left), the
 // trees' reduce then broadcast, the gathers' Bruck and recursive doubling
 // or halving rounds (every rank's block reaches, or is reduced from, every
-// rank), the exchanges' every-pair messages and Bruck's rounds, the
+// rank), the exchanges' every-pair messages, Bruck's rounds and the two-level
+// schedule (each block relayed after its carrier received it), the
 // dissemination barrier. Not broadcast, reduce or
 // gossip (their data does not reach every rank), nor calls with nothing to
 // send.
@@ -128,7 +129,8 @@ constexpr bool disseminates(const call_fingerprint& f) {
   case call_kind::allgather:
     return f.count > 0 && (f.algo == algorithm::ring || f.algo == algorithm::bruck || f.algo == algorithm::rd);
   case call_kind::alltoall:
-    return f.count > 0 && (f.algo == algorithm::pairwise || f.algo == algorithm::scattered || f.algo == algorithm::bruck);
+    return f.count > 0 && (f.algo == algorithm::pairwise || f.algo == algorithm::scattered ||
+                           f.algo == algorithm::bruck || f.algo == algorithm::hier);
   case call_kind::barrier: return true;
   default: return false;
   }
@@ -286,11 +288,11 @@ call_fingerprint fingerprint_of(call_kind k, std::size_t count, algorithm a, int
   return f;
 }
 
-// Groups of a hierarchical allreduce; hier needs a group size or node_of.
-template <transport C> rank_groups hier_groups(const C& c, const options& o) {
-  GRADSYNC_REQUIRE(o.group_size >= 0, "allreduce", c.rank(),
+// Groups of a hierarchical call `op`; hier needs a group size or node_of.
+template <transport C> rank_groups hier_groups(const C& c, const options& o, const char* op = "allreduce") {
+  GRADSYNC_REQUIRE(o.group_size >= 0, op, c.rank(),
           "group_size " + std::to_string(o.group_size) + " is negative");
-  GRADSYNC_REQUIRE(o.group_size > 0 || node_aware<C>, "allreduce", c.rank(),
+  GRADSYNC_REQUIRE(o.group_size > 0 || node_aware<C>, op, c.rank(),
           "algorithm 'hier' needs groups: set options::group_size, or use a transport with node_of()");
   return groups_of(c, o.group_size);
 }

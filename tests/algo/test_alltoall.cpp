@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "../transport/rank_pool.hpp"
+#include "noded.hpp"
 
 namespace {
 
@@ -31,7 +32,17 @@ using namespace std::chrono_literals;
 using inproc::communicator;
 
 constexpr int sweep_ranks[] = {1, 2, 3, 4, 5, 7, 8, 16};
-constexpr algorithm schedules[] = {algorithm::automatic, algorithm::pairwise, algorithm::scattered, algorithm::bruck};
+constexpr algorithm schedules[] = {algorithm::automatic, algorithm::pairwise, algorithm::scattered, algorithm::bruck,
+                                   algorithm::hier};
+
+// Options running `a`; the two-level schedule on groups of 3 (uneven for
+// most rank counts of the sweep).
+options forced(algorithm a) {
+  options o;
+  o.algo = a;
+  if (a == algorithm::hier) o.group_size = 3;
+  return o;
+}
 
 using test::pool_of;
 
@@ -71,8 +82,7 @@ template <class T> void alltoall_sweep(std::size_t block, bool in_place) {
         std::vector<T> in(n), out(n, elem<T>(255));
         for (int q = 0; q < p; ++q)
           for (std::size_t i = 0; i < block; ++i) in[static_cast<std::size_t>(q) * block + i] = elem<T>(tag_of(r, q, i, p));
-        options o;
-        o.algo = a;
+        const options o = forced(a);
         if (in_place) {
           alltoall(c, std::span<const T>(in), std::span<T>(in), o);
           out = in;
@@ -110,8 +120,7 @@ TEST_CASE("alltoall: large blocks (256 KiB per peer, past the shm eager limit) o
       std::vector<float> in(block * 4), out(block * 4);
       for (int q = 0; q < 4; ++q)
         for (std::size_t i = 0; i < block; ++i) in[static_cast<std::size_t>(q) * block + i] = float(tag_of(r, q, i, 4));
-      options o;
-      o.algo = a;
+      const options o = forced(a);
       alltoall(c, std::span<const float>(in), std::span<float>(out), o);
       for (int q = 0; q < 4 && e.empty(); ++q)
         for (std::size_t i = 0; i < block; ++i)
@@ -122,6 +131,68 @@ TEST_CASE("alltoall: large blocks (256 KiB per peer, past the shm eager limit) o
     });
     CHECK_MESSAGE(err.empty(), algorithm_name(a) << ": " << err);
   }
+}
+
+// Two-level alltoall over `nodes` (node_of) or blocks of `group` ranks:
+// every block checked, in or out of place; "" when right.
+std::string two_level(const std::vector<int>& nodes, int group, std::size_t block, bool in_place) {
+  const int p = static_cast<int>(nodes.size());
+  std::vector<std::string> errs(static_cast<std::size_t>(p));
+  inproc::run(p, [&](communicator& base) {
+    test::noded c{base, nodes};
+    const int r = c.rank();
+    std::string& e = errs[static_cast<std::size_t>(r)];
+    const std::size_t n = block * static_cast<std::size_t>(p);
+    std::vector<std::int32_t> in(n), out(n, -1);
+    for (int q = 0; q < p; ++q)
+      for (std::size_t i = 0; i < block; ++i) in[static_cast<std::size_t>(q) * block + i] = static_cast<std::int32_t>(tag_of(r, q, i, p));
+    options o = forced(algorithm::hier);
+    o.group_size = group;
+    o.workspace = {}; // sized by the query below, then passed
+    std::vector<std::byte> ws(alltoall_workspace_bytes<std::int32_t>(c, block, o, in_place));
+    o.workspace = ws;
+    if (in_place) {
+      alltoall(c, std::span<const std::int32_t>(in), std::span<std::int32_t>(in), o);
+      out = in;
+    } else {
+      alltoall(c, std::span<const std::int32_t>(in), std::span<std::int32_t>(out), o);
+    }
+    for (int q = 0; q < p && e.empty(); ++q)
+      for (std::size_t i = 0; i < block; ++i)
+        if (out[static_cast<std::size_t>(q) * block + i] != static_cast<std::int32_t>(tag_of(q, r, i, p))) {
+          e = "element " + std::to_string(i) + " of the block from rank " + std::to_string(q) + " is wrong";
+          break;
+        }
+  });
+  for (std::size_t r = 0; r < errs.size(); ++r)
+    if (!errs[r].empty()) return "rank " + std::to_string(r) + ": " + errs[r];
+  return {};
+}
+
+TEST_CASE("alltoall hier: every group size on 1..16 ranks, and nodes contiguous, interleaved or uneven") {
+  for (const int p : sweep_ranks)
+    for (int g = 1; g <= p; ++g)
+      for (const std::size_t block : {std::size_t{0}, std::size_t{1}, std::size_t{9}})
+        for (const bool in_place : {false, true}) {
+          const std::string err = two_level(std::vector<int>(static_cast<std::size_t>(p), 0), g, block, in_place);
+          CHECK_MESSAGE(err.empty(), "p=" << p << " group=" << g << " block=" << block << " in_place=" << in_place
+                                          << ": " << err);
+        }
+  const std::vector<std::vector<int>> layouts = {
+      {0, 0, 0, 0, 1, 1, 1, 1},             // two nodes of four
+      {0, 1, 0, 1, 0, 1, 0, 1},             // interleaved (staged receives)
+      {5, 5, 5, 2, 2, 9, 9, 9},             // 3 + 2 + 3, arbitrary ids
+      {0, 1, 1, 2, 2, 2, 3, 3, 3, 3},       // 1 + 2 + 3 + 4
+      {3, 0, 1, 2, 0, 1, 2, 3, 0, 1, 2, 3}, // interleaved groups of three
+      {0, 1, 2, 3, 4, 5, 6},                // one rank per node
+  };
+  for (const auto& nodes : layouts)
+    for (const std::size_t block : {std::size_t{1}, std::size_t{1000}})
+      for (const bool in_place : {false, true}) {
+        const std::string err = two_level(nodes, 0, block, in_place);
+        CHECK_MESSAGE(err.empty(), nodes.size() << " ranks, node of rank 1 " << nodes[1] << ", block=" << block
+                                               << " in_place=" << in_place << ": " << err);
+      }
 }
 
 TEST_CASE("alltoall: the model picks Bruck for small blocks on many ranks, scattered for large ones") {
@@ -162,6 +233,43 @@ TEST_CASE("alltoall: the direct schedule's cost on a shared arena, and the picks
     o.algo = algorithm::direct;
     CHECK_THROWS_WITH_AS(alltoallv_algorithm(c, 8, o), doctest::Contains("not available"), error);
   });
+}
+
+TEST_CASE("alltoall hier: its cost in closed form, and where the model picks it") {
+  // A network like the simulated clusters': 8 ranks per node behind one
+  // NIC, 30 us across nodes (all of it latency a window overlaps), 1 us inside.
+  cost_model m;
+  m.local = link_cost{1e-6, 1e-10, 0, 1e-6};
+  m.global = link_cost{30e-6, 1e-9, 0, 30e-6};
+  m.nic_share = 8;
+  const selector sel(m);
+  for (const auto& [p, g] : {std::pair{64, 8}, std::pair{256, 8}, std::pair{1024, 8}, std::pair{48, 4}}) {
+    const topology t{.ranks = p, .group_size = g, .groups = p / g};
+    const double n = p / g;
+    for (const double bytes : {8.0, 256.0, 65536.0}) {
+      CAPTURE(p);
+      CAPTURE(bytes);
+      // Inside the group twice: g - 1 messages of n blocks, one window
+      // (latency once); across: ceil((n - 1) / g) messages of g^2 blocks,
+      // the NIC shared g ways, a latency per window of 32; four passes over
+      // the p blocks.
+      const double in = 1e-6 + (g - 1) * (n * bytes * 1e-10);
+      const double k = std::ceil((n - 1) / g);
+      const double out = std::ceil(k / 32) * 30e-6 + k * (g * g * bytes * 1e-9 * g);
+      const double want = 2 * in + out + 4.0 * p * bytes * m.arena.copy;
+      CHECK(m.exchange(algorithm::hier, bytes, t) == doctest::Approx(want).epsilon(1e-12));
+    }
+    // Small blocks: far fewer latencies than any flat schedule.
+    CHECK(sel.choose_alltoall(8, t, true) == algorithm::hier);
+    CHECK(sel.choose_alltoall(8, t, false) != algorithm::hier); // alltoallv: equal blocks only
+  }
+  // Not a candidate on one group, or on groups of one rank.
+  CHECK(std::isinf(m.exchange(algorithm::hier, 8, topology{.ranks = 16, .group_size = 16, .groups = 1})));
+  CHECK(std::isinf(m.exchange(algorithm::hier, 8, topology{.ranks = 16, .group_size = 1, .groups = 16})));
+  // Pinned by the table: honoured where there are groups.
+  const selector pinned(m, {size_rule{algorithm::hier}});
+  CHECK(pinned.choose_alltoall(1 << 20, topology{.ranks = 16, .group_size = 4, .groups = 4}, true) == algorithm::hier);
+  CHECK(pinned.choose_alltoall(64, topology{.ranks = 16}, true) != algorithm::hier);
 }
 
 // Count matrices: counts(src, dst) for p ranks.
@@ -519,3 +627,19 @@ TEST_CASE("alltoallv_dynamic: an output too small names the size needed; the sen
 }
 
 } // namespace
+
+TEST_CASE("alltoall hier: no groups is a clear error; ranks that disagree on the groups all fail") {
+  expect_all_fail(2, errc::invalid_argument, "needs groups", [](communicator& c) {
+    std::vector<float> v(2);
+    options o;
+    o.algo = algorithm::hier; // inproc has no node_of and no group size was given
+    alltoall(c, std::span<const float>(v), std::span<float>(v), o);
+  });
+  for (const std::size_t block : {std::size_t{2}, std::size_t{1024}, std::size_t{65536}})
+    expect_all_fail(4, errc::mismatch, "alltoall", [&](communicator& c) {
+      std::vector<float> in(4 * block, 1.0f), out(4 * block);
+      options o = forced(algorithm::hier);
+      o.group_size = c.rank() == 3 ? 4 : 2;
+      alltoall(c, std::span<const float>(in), std::span<float>(out), o);
+    });
+}

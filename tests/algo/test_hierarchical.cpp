@@ -9,6 +9,8 @@
 #include <gradsync/transport/inproc.hpp>
 #include <gradsync/transport/subgroup.hpp>
 
+#include "noded.hpp"
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -50,18 +52,7 @@ void check_sum(int p, std::size_t n, const options& o, bool in_place, Wrap&& wra
 }
 auto same = [](inproc::communicator& c) -> inproc::communicator& { return c; };
 
-// A transport that reports nodes: node_of(r) = nodes[r].
-struct noded {
-  static constexpr std::string_view name = "noded";
-  inproc::communicator& c;
-  std::vector<int> nodes;
-  int rank() const { return c.rank(); }
-  int size() const { return c.size(); }
-  int node_of(int r) const { return nodes.at(static_cast<std::size_t>(r)); }
-  auto isend(std::span<const std::byte> d, int peer, int tag) { return c.isend(d, peer, tag); }
-  auto irecv(std::span<std::byte> d, int peer, int tag) { return c.irecv(d, peer, tag); }
-};
-static_assert(node_aware<noded>);
+using test::noded;
 
 } // namespace
 

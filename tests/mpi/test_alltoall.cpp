@@ -48,15 +48,20 @@ std::vector<std::pair<const char*, matrix>> patterns(int p) {
 TEST_CASE("mpi alltoall: every schedule, blocks 0, 1, 37 and 80 000, equal to MPI_Alltoall") {
   auto c = make_comm();
   const int p = c.size(), r = c.rank();
+  // hier: on the node's one group (node_of), and on groups of 1 and 2.
   for (const std::size_t block : {std::size_t{0}, std::size_t{1}, std::size_t{37}, std::size_t{80000}})
-    for (const algorithm a : {algorithm::automatic, algorithm::pairwise, algorithm::scattered, algorithm::bruck}) {
-      INFO("block=" << block << " schedule=" << algorithm_name(a));
+    for (const auto& [a, group] : {std::pair{algorithm::automatic, 0}, std::pair{algorithm::pairwise, 0},
+                                   std::pair{algorithm::scattered, 0}, std::pair{algorithm::bruck, 0},
+                                   std::pair{algorithm::hier, 0}, std::pair{algorithm::hier, 1},
+                                   std::pair{algorithm::hier, 2}}) {
+      INFO("block=" << block << " schedule=" << algorithm_name(a) << " group size " << group);
       const std::size_t n = block * static_cast<std::size_t>(p);
       std::vector<int> in(n), out(n, -1), ref(n, -2);
       for (int q = 0; q < p; ++q)
         for (std::size_t i = 0; i < block; ++i) in[static_cast<std::size_t>(q) * block + i] = value_of(r, q, i, p);
       options o;
       o.algo = a;
+      o.group_size = group;
       alltoall(c, std::span<const int>(in), std::span<int>(out), o);
       MPI_Alltoall(in.data(), static_cast<int>(block), MPI_INT, ref.data(), static_cast<int>(block), MPI_INT,
                    MPI_COMM_WORLD);

@@ -407,7 +407,8 @@ struct cost_model {
   /// in flight: the same (alpha is mostly per-message software cost, which
   /// a window does not overlap), a hair cheaper so ties go to it; `bruck` (equal blocks only) ceil(log2 p) rounds of up to ceil(p/2)
   /// packed blocks plus three local passes over the p blocks (rotate, pack,
-  /// unrotate) at memcpy speed (arena.copy); `direct` (t.shared_arena only)
+  /// unrotate) at memcpy speed (arena.copy); `hier` (equal blocks, several
+  /// groups) two phases, inside the groups then across; `direct` (t.shared_arena only)
   /// one arena synchronisation per round and two copies of every byte.
   /// Infinity for anything else.
   double exchange(algorithm a, double m, const topology& t, int window = policy::alltoall_window) const {
@@ -439,6 +440,23 @@ struct cost_model {
       double sum = 0; // round d: ceil(p/2) packed blocks to the rank d away
       for (int d = 1; d < p; d *= 2) sum += step(t, m * std::ceil(p / 2.0), crossing(t, d, true));
       return sum + 3.0 * p * m * arena.copy;
+    }
+    case algorithm::hier: {
+      // algo/alltoall_hier.hpp on equal groups of g: g - 1 messages of ~N
+      // blocks inside the group before and after ceil((N - 1) / g) of g^2
+      // blocks across, all g ranks of a group crossing at once; windows
+      // overlap latency as scattered's do; four local passes over the p
+      // blocks. A candidate only where the ranks form several groups of
+      // several.
+      if (t.groups <= 1 || t.group_size <= 1) return std::numeric_limits<double>::infinity();
+      const double g = t.group_size, n = t.groups;
+      auto windowed = [&](double k, const link_cost& c, double beta, double bytes) {
+        const double lat = std::clamp(c.latency, 0.0, c.alpha);
+        return std::ceil(k / std::max(1, window)) * lat + k * (c.alpha - lat + bytes * beta);
+      };
+      return 2 * windowed(g - 1, local, local.beta, n * m) +
+             windowed(std::ceil((n - 1) / g), global, global.beta * contention(t, t.group_size), g * g * m) +
+             4.0 * p * m * arena.copy;
     }
     case algorithm::direct: {
       if (!t.shared_arena) return std::numeric_limits<double>::infinity();
@@ -645,17 +663,19 @@ public:
   }
 
   /// Alltoall(v) schedule for `m` bytes per peer on `t` (`equal`: equal
-  /// blocks, so Bruck is a candidate; `direct` where t.shared_arena): the
+  /// blocks, so Bruck and, on several groups, hier are candidates; `direct`
+  /// where t.shared_arena): the
   /// table's entry when it names an exchange schedule, else the cheapest by
   /// cost_model::exchange.
   algorithm choose_alltoall(std::size_t m, const topology& t, bool equal) const {
     if (const auto a = pinned(m); a == algorithm::pairwise || a == algorithm::scattered ||
-                                  (equal && a == algorithm::bruck) || (t.shared_arena && a == algorithm::direct))
+                                  (equal && (a == algorithm::bruck || (a == algorithm::hier && t.groups > 1))) ||
+                                  (t.shared_arena && a == algorithm::direct))
       return a;
     algorithm best = algorithm::scattered;
     double cost = model_.exchange(best, static_cast<double>(m), t);
-    for (auto a : {algorithm::pairwise, algorithm::bruck, algorithm::direct}) {
-      if (a == algorithm::bruck && !equal) continue;
+    for (auto a : {algorithm::pairwise, algorithm::bruck, algorithm::hier, algorithm::direct}) {
+      if ((a == algorithm::bruck || a == algorithm::hier) && !equal) continue;
       if (const double c = model_.exchange(a, static_cast<double>(m), t); c < cost * (1 - 1e-9)) {
         best = a;
         cost = c;
