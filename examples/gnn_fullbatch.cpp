@@ -13,9 +13,13 @@
 // network on the whole graph in one process, and the run fails unless every
 // step's loss agrees (1e-9 relative: the weight gradients are summed in
 // another order across ranks) and the loss has fallen below half.
+// A second distributed run sends the halo rows int8-encoded (blockwise, one
+// scale per 64 values: exchange_codec.hpp); it must end within 2 % of the
+// reference's final loss, and both runs print their bytes on the wire.
 //
 //   gnn_fullbatch [--ranks 4] [--steps 100] [--transport inproc|mpi]
 #include <gradsync/alltoall.hpp>
+#include <gradsync/exchange_codec.hpp>
 #include "reference_run.hpp"
 
 #include <algorithm>
@@ -234,6 +238,20 @@ template <class C> int run_rank(C& c, int steps) {
   };
   const std::vector<double> got = train(g, own, rows, row_of, steps, halo, reduce);
   gradsync::allreduce(c, std::span<std::int64_t>(&wire, 1));
+  // The same training with the halo rows int8-encoded on the wire.
+  const auto int8 = gradsync::compress::parse_spec("int8:block=64");
+  std::int64_t wire8 = 0;
+  auto halo8 = [&](int width, double* buf) {
+    std::vector<double> out(send_rows.size() * static_cast<std::size_t>(width));
+    for (std::size_t k = 0; k < send_rows.size(); ++k)
+      std::copy_n(buf + static_cast<std::size_t>(send_rows[k]) * width, width, &out[k * width]);
+    const gradsync::encoded_run e = gradsync::run_encoded<double>(
+        plan, c, out, std::span<double>(buf + own.size() * width, halo_nodes.size() * width),
+        static_cast<std::size_t>(width), int8);
+    wire8 += static_cast<std::int64_t>(e.sent_bytes);
+  };
+  const std::vector<double> got8 = train(g, own, rows, row_of, steps, halo8, reduce);
+  gradsync::allreduce(c, std::span<std::int64_t>(&wire8, 1));
   if (r != 0) return 0;
   // The single-process reference: every node is this process's own.
   std::vector<int> all(static_cast<std::size_t>(g.n));
@@ -244,7 +262,16 @@ template <class C> int run_rank(C& c, int steps) {
   const int bad = example::steps_differing(got, want);
   std::printf("%d ranks x %d nodes, %d x %d -> %d -> %d GCN: %lld halo bytes in %d steps\n", p, nodes_per_rank,
               g.n, feat, hid, out_dim, static_cast<long long>(wire), steps);
-  return example::verdict(bad, got);
+  const double drift = std::abs(got8.back() - want.back()) / want.back();
+  std::printf("int8 halo: final loss %.9f against %.9f (%.3f %%), %lld halo bytes on the wire (%.2fx fewer)\n",
+              got8.back(), want.back(), 100 * drift, static_cast<long long>(wire8),
+              static_cast<double>(wire) / static_cast<double>(std::max<std::int64_t>(1, wire8)));
+  const int status = example::verdict(bad, got);
+  if (!(drift <= 0.02)) {
+    std::printf("FAILED: the int8 halo's final loss is %.3f %% from the reference (limit 2 %%)\n", 100 * drift);
+    return 1;
+  }
+  return status;
 }
 
 } // namespace

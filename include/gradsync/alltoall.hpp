@@ -531,6 +531,40 @@ public:
     agree(c, o);
   }
 
+  /// Moves caller-laid-out bytes along the plan's edges (the encoded
+  /// exchange of exchange_codec.hpp is built on it): forwards (back: false)
+  /// send_bytes[k] bytes to the plan's k-th destination and recv_bytes[k]
+  /// from its k-th source (backwards the roles swap), both packed in list
+  /// order in `in` / `out`. Sizes must be what the other end computes for
+  /// the same edge; `largest_bytes` the largest block of any rank, the same
+  /// on every rank (it picks the schedule); `dt` and `salt` (a hash of how
+  /// the bytes were made, a codec's) enter the call's fingerprint, so ranks
+  /// that disagree on them fail together.
+  template <transport C>
+  void run_bytes(C& c, std::span<const std::byte> in, std::span<const std::size_t> send_bytes, std::span<std::byte> out,
+                 std::span<const std::size_t> recv_bytes, bool back, std::size_t largest_bytes, dtype dt,
+                 std::uint64_t salt) const {
+    const char* name = back ? "exchange_plan::run_back" : "exchange_plan::run";
+    const int r = c.rank();
+    check_comm(c, name);
+    const auto& to = back ? sources_ : destinations_;
+    const auto& from = back ? destinations_ : sources_;
+    GRADSYNC_REQUIRE(send_bytes.size() == to.size() && recv_bytes.size() == from.size(), name, r,
+                     std::to_string(send_bytes.size()) + " send and " + std::to_string(recv_bytes.size()) +
+                         " receive sizes for " + std::to_string(to.size()) + " destinations and " +
+                         std::to_string(from.size()) + " sources");
+    const std::vector<std::size_t> sd = detail::packed(send_bytes), rd = detail::packed(recv_bytes);
+    const std::size_t total_in = detail::sum_checked(send_bytes, name, r, "send sizes");
+    const std::size_t total_out = detail::sum_checked(recv_bytes, name, r, "receive sizes");
+    GRADSYNC_REQUIRE(in.size() >= total_in && out.size() >= total_out, name, r,
+                     "input holds " + std::to_string(in.size()) + " bytes (needs " + std::to_string(total_in) +
+                         "), output " + std::to_string(out.size()) + " (needs " + std::to_string(total_out) + ")");
+    GRADSYNC_REQUIRE(!detail::overlaps(in, out), name, r, "input and output overlap (the exchange is not in place)");
+    const algo::exchange::layout l{in.data(), out.data(), 1, send_bytes, sd, recv_bytes, rd};
+    const scoped_timeout guard(c, timeout_);
+    move(c, name, l, back, schedule(c, name, largest_bytes), static_cast<std::uint8_t>(dt), 0, salt, total_in);
+  }
+
   /// Items this rank sends / receives in one forward run.
   std::size_t send_items() const noexcept { return send_total_; }
   std::size_t recv_items() const noexcept { return recv_total_; }
@@ -538,6 +572,12 @@ public:
   std::span<const std::size_t> recv_counts() const noexcept { return recv_counts_; }
   std::span<const std::size_t> send_displs() const noexcept { return send_displs_; }
   std::span<const std::size_t> recv_displs() const noexcept { return recv_displs_; }
+  /// The largest count of any rank's block (the same on every rank).
+  std::size_t largest_items() const noexcept { return largest_; }
+  /// The plan's peers: for an alltoallv plan every rank in order, for a
+  /// graph plan the graph's lists (counts follow their order).
+  std::span<const int> sources() const noexcept { return sources_; }
+  std::span<const int> destinations() const noexcept { return destinations_; }
   /// The same id on every rank of the plan (a hash of every rank's counts).
   std::uint64_t id() const noexcept { return id_; }
 
@@ -638,13 +678,49 @@ private:
     largest_ = static_cast<std::size_t>(all[4]);
   }
 
+  template <transport C> void check_comm(const C& c, const char* name) const {
+    GRADSYNC_REQUIRE(c.size() == ranks_ && c.rank() == rank_, name, c.rank(),
+                     "the plan was made for rank " + std::to_string(rank_) + " of " + std::to_string(ranks_) +
+                         ", not this communicator");
+  }
+
+  // The schedule for blocks of at most `largest` bytes (a graph: scattered).
+  template <transport C> algorithm schedule(const C& c, const char* name, std::size_t largest) const {
+    const algorithm a = graph_ ? algorithm::scattered : algo_ != algorithm::automatic ? algo_ : choose<C>(c, largest);
+    GRADSYNC_REQUIRE(detail::exchange_schedule<C>(a, false), name, c.rank(),
+                     "algorithm '" + std::string(algorithm_name(a)) + "' cannot run on this transport");
+    return a;
+  }
+
+  // Runs exchange `l` (forwards or back) by `a` as one checked call: the
+  // fingerprint holds the dtype, `count` (the width), and the plan id mixed
+  // with the direction and `salt`.
+  template <transport C>
+  void move(C& c, const char* name, const algo::exchange::layout& l, bool back, algorithm a, std::uint8_t dt,
+            std::size_t count, std::uint64_t salt, std::size_t bytes) const {
+    call_fingerprint f;
+    f.kind = graph_ ? call_kind::neighbor_alltoallv : call_kind::alltoallv;
+    f.dt = dt;
+    f.algo = a;
+    f.count = count;
+    f.codec = id_ ^ salt ^ (back ? 1 : 0);
+    options o;
+    o.tag = tag_;
+    o.algo = a;
+    o.timeout = timeout_;
+    detail::run_call(c, name, f, bytes, o, [&] {
+      const auto& to = back ? sources_ : destinations_;
+      const auto& from = back ? destinations_ : sources_;
+      if (graph_) algo::neighbor_exchange::run(c, std::span<const int>(from), std::span<const int>(to), l, tag_);
+      else detail::run_exchange(c, a, l, tag_, name);
+    });
+  }
+
   template <transport C, element T>
   void go(C& c, std::span<const T> in, std::span<T> out, std::size_t width, bool back) const {
     const char* name = back ? "exchange_plan::run_back" : "exchange_plan::run";
     const int r = c.rank();
-    GRADSYNC_REQUIRE(c.size() == ranks_ && r == rank_, name, r,
-                     "the plan was made for rank " + std::to_string(rank_) + " of " + std::to_string(ranks_) +
-                         ", not this communicator");
+    check_comm(c, name);
     GRADSYNC_REQUIRE(width >= 1, name, r, "width must be >= 1");
     const scoped_timeout guard(c, timeout_);
     detail::check_span(in, name, r, "input");
@@ -659,26 +735,10 @@ private:
     const auto& sd = back ? recv_displs_ : send_displs_;
     const auto& rc = back ? send_counts_ : recv_counts_;
     const auto& rd = back ? send_displs_ : recv_displs_;
-    const auto& to = back ? sources_ : destinations_;
-    const auto& from = back ? destinations_ : sources_;
     const algo::exchange::layout l{reinterpret_cast<const std::byte*>(in.data()), reinterpret_cast<std::byte*>(out.data()),
                                    sizeof(T) * width, sc, sd, rc, rd};
-    const algorithm a = graph_                            ? algorithm::scattered
-                        : algo_ != algorithm::automatic ? algo_
-                                                        : choose<C>(c, largest_ * sizeof(T) * width);
-    GRADSYNC_REQUIRE(detail::exchange_schedule<C>(a, false), name, r,
-                     "algorithm '" + std::string(algorithm_name(a)) + "' cannot run on this transport");
-    call_fingerprint f = detail::fingerprint_of<T, void>(graph_ ? call_kind::neighbor_alltoallv : call_kind::alltoallv,
-                                                         width, a);
-    f.codec = id_ ^ (back ? 1 : 0);
-    options o;
-    o.tag = tag_;
-    o.algo = a;
-    o.timeout = timeout_;
-    detail::run_call(c, name, f, need_in * sizeof(T), o, [&] {
-      if (graph_) algo::neighbor_exchange::run(c, std::span<const int>(from), std::span<const int>(to), l, tag_);
-      else detail::run_exchange(c, a, l, tag_, name);
-    });
+    move(c, name, l, back, schedule(c, name, largest_ * sizeof(T) * width),
+         static_cast<std::uint8_t>(dtype_traits<T>::id), width, 0, need_in * sizeof(T));
   }
 
   template <transport C> algorithm choose(const C& c, std::size_t bytes) const {

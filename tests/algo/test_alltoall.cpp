@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "../transport/rank_pool.hpp"
+#include "all_fail.hpp"
 #include "noded.hpp"
 
 namespace {
@@ -494,30 +495,7 @@ TEST_CASE("exchange_plan: a graph plan over a directed ring, forwards and backwa
   }
 }
 
-// Runs body on p fresh ranks; every rank must fail with an error of `kind`
-// whose text contains `part`.
-void expect_all_fail(int p, errc kind, const std::string& part, const std::function<void(communicator&)>& body) {
-  std::vector<std::string> what(static_cast<std::size_t>(p));
-  std::vector<int> kinds(static_cast<std::size_t>(p), -1);
-  try {
-    inproc::run(p, [&](communicator& c) {
-      c.group().set_timeout(5s);
-      try {
-        body(c);
-      } catch (const error& e) {
-        what[static_cast<std::size_t>(c.rank())] = e.what();
-        kinds[static_cast<std::size_t>(c.rank())] = static_cast<int>(e.kind());
-      }
-    });
-  } catch (const std::exception& e) {
-    FAIL("inproc::run threw: " << e.what());
-  }
-  for (int r = 0; r < p; ++r) {
-    INFO("rank " << r << ": " << what[static_cast<std::size_t>(r)]);
-    CHECK(kinds[static_cast<std::size_t>(r)] == static_cast<int>(kind));
-    CHECK(what[static_cast<std::size_t>(r)].find(part) != std::string::npos);
-  }
-}
+using test::expect_all_fail;
 
 TEST_CASE("alltoall(v): bad arguments fail with the operation, rank and reason") {
   inproc::run(3, [](communicator& c) {
