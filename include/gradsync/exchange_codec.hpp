@@ -2,7 +2,8 @@
 // an MoE layer's tokens are activations, not gradients: 16-bit floats or
 // 8/4-bit blockwise integers (per-block scales) shrink the wire 2-8x at an
 // error the training absorbs. run_encoded runs an exchange_plan (forwards
-// or backwards) with a codec of compress/spec.hpp: every block is encoded
+// or backwards), alltoall_encoded and alltoallv_encoded the one-off calls,
+// with a codec of compress/spec.hpp: every block is encoded
 // on its own by its sender, travels as one self-describing wire message,
 // and is validated and decoded by its receiver, so what arrives from rank q
 // is exactly decode(encode(q's block)), on every transport and schedule.
@@ -128,6 +129,87 @@ encoded_run run_encoded(const exchange_plan& plan, C& c, std::type_identity_t<st
     }
   });
   return done;
+}
+
+/// Alltoallv (packed blocks, as the alltoallv overload with counts only)
+/// with every block encoded by `codec` on the wire: block q of `in`
+/// (send_counts[q] elements) reaches rank q as decode(encode(block)) in
+/// `out` at its packed place. Pairwise, scattered or (shm) direct, as
+/// alltoallv picks them; codec, dtype and the forced schedule must agree
+/// on every rank (else every rank fails, errc::mismatch). Returns the bytes
+/// sent. `o.workspace`: the encoded blocks out and in (the sum of the
+/// codec's sizes of both count lists), or empty (allocated per call).
+template <compress::float_element T, transport C>
+encoded_run alltoallv_encoded(C& c, std::type_identity_t<std::span<const T>> in,
+                              std::span<const std::size_t> send_counts, std::span<T> out,
+                              std::span<const std::size_t> recv_counts, const compress::spec& codec,
+                              const options& o = {}) {
+  const char* name = "alltoallv_encoded";
+  const int r = c.rank();
+  const auto p = static_cast<std::size_t>(c.size());
+  const scoped_timeout guard(c, o.timeout);
+  detail::check_span(in, name, r, "input");
+  detail::check_span(out, name, r, "output");
+  GRADSYNC_REQUIRE(send_counts.size() == p && recv_counts.size() == p, name, r,
+                   std::to_string(send_counts.size()) + " send and " + std::to_string(recv_counts.size()) +
+                       " receive counts for " + std::to_string(p) + " ranks (one per rank each)");
+  const std::vector<std::size_t> sd = detail::packed(send_counts), rd = detail::packed(recv_counts);
+  detail::check_blocks(send_counts, sd, in.size(), false, name, r, "send");
+  detail::check_blocks(recv_counts, rd, out.size(), true, name, r, "receive");
+  GRADSYNC_REQUIRE(!detail::overlaps(in, out), name, r, "input and output overlap (alltoallv is not in place)");
+  detail::check_tag(o.tag, name, r);
+  encoded_run done;
+  detail::with_exchange_codec<T>(codec, name, r, [&](const auto& k) {
+    std::vector<std::size_t> sb(p), rb(p);
+    std::size_t out_bytes = 0, in_bytes = 0, largest = 0;
+    for (std::size_t q = 0; q < p; ++q) {
+      out_bytes += sb[q] = k.max_encoded_bytes(send_counts[q]);
+      in_bytes += rb[q] = k.max_encoded_bytes(recv_counts[q]);
+      largest = std::max({largest, sb[q], rb[q]});
+    }
+    GRADSYNC_REQUIRE(send_counts[static_cast<std::size_t>(r)] == recv_counts[static_cast<std::size_t>(r)], name, r,
+                     "sends itself " + std::to_string(send_counts[static_cast<std::size_t>(r)]) +
+                         " elements but expects " + std::to_string(recv_counts[static_cast<std::size_t>(r)]));
+    exec::host ex;
+    auto ws = ex.template scratch<std::byte>(o.workspace, out_bytes + in_bytes, name, r);
+    const std::span<std::byte> wire_out(ws.data(), out_bytes), wire_in(ws.data() + out_bytes, in_bytes);
+    typename std::decay_t<decltype(k)>::state none{};
+    std::size_t at = 0;
+    for (std::size_t q = 0; q < p; ++q) {
+      k.encode(in.subspan(sd[q], send_counts[q]), none, {}, wire_out.subspan(at, sb[q]));
+      at += sb[q];
+      done.raw_bytes += send_counts[q] * sizeof(T);
+    }
+    done.sent_bytes = out_bytes;
+    const std::vector<std::size_t> sbd = detail::packed(sb), rbd = detail::packed(rb);
+    const algorithm a = detail::v_schedule(c, largest, o, name);
+    call_fingerprint f = detail::fingerprint_of<T, void>(call_kind::alltoallv, 0, a == algorithm::direct ? a : o.algo);
+    f.codec = compress::spec_hash(detail::fnv_basis, codec);
+    detail::run_call(c, name, f, out_bytes, o, [&] {
+      const algo::exchange::layout l{wire_out.data(), wire_in.data(), 1, sb, sbd, rb, rbd};
+      detail::run_exchange(c, a, l, o.tag, name);
+    });
+    at = 0;
+    for (std::size_t q = 0; q < p; ++q) {
+      k.decode(wire_in.subspan(at, rb[q]), out.subspan(rd[q], recv_counts[q]));
+      at += rb[q];
+    }
+  });
+  return done;
+}
+
+/// Alltoall (equal blocks, as `alltoall`) with every block encoded by
+/// `codec` on the wire: block q of `in` reaches rank q as
+/// decode(encode(block)). Not in place. See alltoallv_encoded.
+template <compress::float_element T, transport C>
+encoded_run alltoall_encoded(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> out,
+                             const compress::spec& codec, const options& o = {}) {
+  const auto p = static_cast<std::size_t>(c.size());
+  GRADSYNC_REQUIRE(in.size() == out.size() && in.size() % p == 0, "alltoall_encoded", c.rank(),
+                   "input holds " + std::to_string(in.size()) + " elements, output " + std::to_string(out.size()) +
+                       " (both hold " + std::to_string(p) + " equal blocks)");
+  const std::vector<std::size_t> counts(p, in.size() / p);
+  return alltoallv_encoded<T>(c, in, counts, out, counts, codec, o);
 }
 
 } // namespace gradsync

@@ -134,6 +134,59 @@ TEST_CASE("encoded exchange: every block is the codec's decode(encode(block)), r
   CHECK(check_plan<bfloat16>(3, "fp16", true, 2).empty());
 }
 
+TEST_CASE("encoded alltoall and alltoallv: decode(encode(block)) from every rank, ranks 1..7, every schedule") {
+  for (const char* codec : {"fp16", "bf16", "int8", "int4:block=16", "sign"})
+    for (const int p : {1, 2, 3, 4, 7})
+      for (const algorithm a : {algorithm::automatic, algorithm::pairwise, algorithm::scattered}) {
+        const compress::spec s = compress::parse_spec(codec);
+        std::vector<std::string> errs(static_cast<std::size_t>(p));
+        inproc::run(p, [&](communicator& c) {
+          const int r = c.rank();
+          std::string& e = errs[static_cast<std::size_t>(r)];
+          std::vector<std::size_t> sc(static_cast<std::size_t>(p)), rc(sc.size());
+          std::vector<float> in;
+          for (int q = 0; q < p; ++q) {
+            sc[static_cast<std::size_t>(q)] = items(r, q, p) * 3;
+            rc[static_cast<std::size_t>(q)] = items(q, r, p) * 3;
+            const auto b = block_of<float>(r, q, sc[static_cast<std::size_t>(q)]);
+            in.insert(in.end(), b.begin(), b.end());
+          }
+          std::size_t total = 0;
+          for (const std::size_t n : rc) total += n;
+          std::vector<float> out(total, -7.0f);
+          options o;
+          o.algo = a;
+          alltoallv_encoded<float>(c, in, sc, std::span<float>(out), rc, s, o);
+          std::size_t at = 0;
+          for (int q = 0; q < p && e.empty(); ++q) {
+            const auto want = roundtrip<float>(s, block_of<float>(q, r, rc[static_cast<std::size_t>(q)]));
+            if (std::memcmp(out.data() + at, want.data(), want.size() * sizeof(float)) != 0)
+              e = "alltoallv: the block from rank " + std::to_string(q) + " differs from decode(encode(block))";
+            at += want.size();
+          }
+          // Equal blocks of 11 elements.
+          std::vector<float> ein, eout(static_cast<std::size_t>(p) * 11, -7.0f);
+          for (int q = 0; q < p; ++q) {
+            const auto b = block_of<float>(r, q, 11);
+            ein.insert(ein.end(), b.begin(), b.end());
+          }
+          const encoded_run got = alltoall_encoded<float>(c, ein, std::span<float>(eout), s, o);
+          if (got.raw_bytes != ein.size() * sizeof(float)) e = "alltoall: raw bytes " + std::to_string(got.raw_bytes);
+          for (int q = 0; q < p && e.empty(); ++q)
+            if (std::memcmp(eout.data() + static_cast<std::size_t>(q) * 11, roundtrip<float>(s, block_of<float>(q, r, 11)).data(),
+                            11 * sizeof(float)) != 0)
+              e = "alltoall: the block from rank " + std::to_string(q) + " differs from decode(encode(block))";
+        });
+        for (std::size_t r = 0; r < errs.size(); ++r)
+          CHECK_MESSAGE(errs[r].empty(), codec << " p=" << p << " " << algorithm_name(a) << " rank " << r << ": " << errs[r]);
+      }
+  // Ranks that disagree on the codec fail together here too.
+  test::expect_all_fail(3, errc::mismatch, "ranks disagree on the call", [](communicator& c) {
+    std::vector<float> in(3 * 8, 0.25f), out(in.size());
+    alltoall_encoded<float>(c, in, std::span<float>(out), compress::parse_spec(c.rank() == 2 ? "bf16" : "fp16"));
+  });
+}
+
 TEST_CASE("encoded exchange: fp16 is exact on values it represents; int8 shrinks the wire ~4x for doubles") {
   inproc::run(3, [](communicator& c) {
     const int r = c.rank(); // values k / 8 with k < 2048: exact in fp16
