@@ -207,7 +207,7 @@ void alltoall(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> ou
   call_fingerprint f = detail::fingerprint_of<T, void>(call_kind::alltoall, block, a);
   // The two-level schedule's messages follow the groups: ranks must agree on them.
   if (a == algorithm::hier)
-    f.codec = detail::fnv1a(detail::fnv_basis, groups.group_of.data(), groups.group_of.size() * sizeof(int));
+    f.codec = detail::groups_hash(groups);
   detail::run_call(c, name, f, in.size_bytes(), o, [&] {
     const auto* src = reinterpret_cast<const std::byte*>(in.data());
     auto* dst = reinterpret_cast<std::byte*>(out.data());

@@ -19,6 +19,7 @@
 #include "algo/dispatch.hpp"
 #include "algo/dissemination.hpp"
 #include "algo/hierarchical.hpp"
+#include "algo/hierarchical_rooted.hpp"
 #include "algo/options.hpp"
 #include "algo/recursive_doubling.hpp"
 #include "algo/recursive_halving.hpp"
@@ -295,6 +296,20 @@ template <transport C> rank_groups hier_groups(const C& c, const options& o, con
   GRADSYNC_REQUIRE(o.group_size > 0 || node_aware<C>, op, c.rank(),
           "algorithm 'hier' needs groups: set options::group_size, or use a transport with node_of()");
   return groups_of(c, o.group_size);
+}
+
+// A hash of the groups' layout: the two-level schedules' messages follow
+// the groups, so their calls carry it in the fingerprint (ranks must agree).
+inline std::uint64_t groups_hash(const rank_groups& g) {
+  return fnv1a(fnv_basis, g.group_of.data(), g.group_of.size() * sizeof(int));
+}
+
+// The fingerprint of a rooted call (with the groups' hash for hier).
+template <element T, class Op>
+call_fingerprint rooted_fingerprint(call_kind k, std::size_t count, algorithm a, int root, const rank_groups& g) {
+  call_fingerprint f = fingerprint_of<T, Op>(k, count, a, root);
+  if (a == algorithm::hier) f.codec = groups_hash(g);
+  return f;
 }
 
 template <transport C> int grid_row_of(const C& c, const options& o) {
@@ -595,12 +610,16 @@ void broadcast(C& c, E& ex, std::span<T> data, int root, const options& o = {}) 
   detail::check_root(root, c.size(), name, r);
   detail::check_tag(o.tag, name, r);
   const algorithm a = broadcast_algorithm<T, C, E>(c, data.size(), o);
-  if (a != algorithm::ring && a != algorithm::tree && a != algorithm::scatter_allgather &&
+  if (a != algorithm::ring && a != algorithm::tree && a != algorithm::scatter_allgather && a != algorithm::hier &&
       (a != algorithm::direct || !detail::arena_for<C, E>))
     detail::unsupported(name, r, a);
-  detail::run_call(c, name, detail::fingerprint_of<T, void>(call_kind::broadcast, data.size(), a, root),
+  const rank_groups groups = a == algorithm::hier ? detail::hier_groups(c, o, name) : rank_groups{};
+  detail::run_call(c, name, detail::rooted_fingerprint<T, void>(call_kind::broadcast, data.size(), a, root, groups),
                    data.size_bytes(), o, [&] {
-                     if (a == algorithm::direct) {
+                     if (a == algorithm::hier) {
+                       algo::hierarchical_rooted::broadcast(c, ex, data.data(), data.size(), root, groups,
+                                                            detail::selector_for<C, E>(o).model(), o.segment(), o.tag);
+                     } else if (a == algorithm::direct) {
                        if constexpr (detail::arena_for<C, E>)
                          algo::shm_direct::broadcast(c, data.data(), data.size(), root);
                      } else if (a == algorithm::tree) {
@@ -627,6 +646,10 @@ std::size_t reduce_workspace_bytes(const C& c, std::size_t count, const options&
   const std::size_t seg = o.segment();
   switch (reduce_algorithm<T, C, E>(c, count, o)) {
   case algorithm::direct: return 0;
+  case algorithm::hier: {
+    const rank_groups g = detail::hier_groups(c, o, "reduce");
+    return algo::hierarchical_rooted::reduce_scratch_elems(count, sizeof(T), seg, g.max_size(), g.count()) * sizeof(T);
+  }
   case algorithm::tree: return algo::tree::reduce_scratch_elems(count, sizeof(T), seg, c.size()) * sizeof(T);
   default: return algo::chain::reduce_scratch_elems(count, sizeof(T), seg, c.size()) * sizeof(T);
   }
@@ -651,12 +674,19 @@ void reduce(C& c, E& ex, std::type_identity_t<std::span<const T>> in, std::span<
   }
   detail::check_tag(o.tag, name, r);
   const algorithm a = reduce_algorithm<T, C, E>(c, in.size(), o);
-  if (a != algorithm::ring && a != algorithm::tree && (a != algorithm::direct || !detail::arena_for<C, E>))
+  if (a != algorithm::ring && a != algorithm::tree && a != algorithm::hier &&
+      (a != algorithm::direct || !detail::arena_for<C, E>))
     detail::unsupported(name, r, a);
+  const rank_groups groups = a == algorithm::hier ? detail::hier_groups(c, o, name) : rank_groups{};
   auto ws = ex.template scratch<T>(o.workspace, reduce_workspace_bytes<T, C, E>(c, in.size(), o) / sizeof(T), name, r);
-  detail::run_call(c, name, detail::fingerprint_of<T, Op>(call_kind::reduce, in.size(), a, root), in.size_bytes(), o,
-                   [&] {
-                     if (a == algorithm::direct) {
+  detail::run_call(c, name, detail::rooted_fingerprint<T, Op>(call_kind::reduce, in.size(), a, root, groups),
+                   in.size_bytes(), o, [&] {
+                     if (a == algorithm::hier) {
+                       if (!in.empty())
+                         algo::hierarchical_rooted::reduce(c, ex, in.data(), out.data(), in.size(), root, op, groups,
+                                                           detail::selector_for<C, E>(o).model(), o.segment(), o.tag,
+                                                           ws.data());
+                     } else if (a == algorithm::direct) {
                        if constexpr (detail::arena_for<C, E>)
                          algo::shm_direct::reduce(c, in.data(), out.data(), in.size(), root, op);
                      } else if (a == algorithm::tree)

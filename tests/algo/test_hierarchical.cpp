@@ -106,6 +106,47 @@ TEST_CASE("hier: groups from node_of, contiguous or interleaved, even or not") {
     }
 }
 
+TEST_CASE("hier broadcast and reduce: nodes contiguous, interleaved or uneven, every root, in place") {
+  const std::vector<std::vector<int>> layouts = {
+      {0, 0, 0, 0, 1, 1, 1, 1}, {0, 1, 0, 1, 0, 1, 0, 1}, {5, 5, 5, 2, 2, 9, 9, 9},
+      {0, 1, 1, 2, 2, 2, 3, 3, 3, 3}, {0, 1, 2, 3, 4, 5, 6}, {0, 0, 0, 0, 0}};
+  for (const auto& nodes : layouts)
+    for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{999}}) {
+      const int p = static_cast<int>(nodes.size());
+      for (int root = 0; root < p; ++root) {
+        INFO("nodes of " << p << " ranks, node of rank 1 " << nodes[1] << ", n=" << n << ", root " << root);
+        std::vector<std::string> errs(static_cast<std::size_t>(p));
+        inproc::run(p, [&](inproc::communicator& base) {
+          noded c{base, nodes};
+          const int r = base.rank();
+          std::string& e = errs[static_cast<std::size_t>(r)];
+          options o;
+          o.algo = algorithm::hier;
+          o.segment_bytes = 256;
+          std::vector<std::int64_t> d(n, -1);
+          if (r == root)
+            for (std::size_t i = 0; i < n; ++i) d[i] = input(root, i);
+          broadcast(c, std::span<std::int64_t>(d), root, o);
+          for (std::size_t i = 0; i < n && e.empty(); ++i)
+            if (d[i] != input(root, i)) e = "broadcast element " + std::to_string(i);
+          std::vector<std::int64_t> in(n), out(n + 1, -1);
+          for (std::size_t i = 0; i < n; ++i) in[i] = input(r, i);
+          reduce(c, std::span<const std::int64_t>(in), std::span<std::int64_t>(out), root, op::sum{}, o);
+          if (r == root) {
+            for (std::size_t i = 0; i < n && e.empty(); ++i)
+              if (out[i] != expected(p, i)) e = "reduce element " + std::to_string(i);
+            if (out[n] != -1) e = "reduce wrote past the output";
+          }
+          reduce(c, std::span<const std::int64_t>(in), std::span<std::int64_t>(in), root, op::sum{}, o); // in place
+          if (r == root)
+            for (std::size_t i = 0; i < n && e.empty(); ++i)
+              if (in[i] != expected(p, i)) e = "in-place reduce element " + std::to_string(i);
+        });
+        for (std::size_t r = 0; r < errs.size(); ++r) CHECK_MESSAGE(errs[r].empty(), "rank " << r << ": " << errs[r]);
+      }
+    }
+}
+
 TEST_CASE("hier: two communicators (intra-node and cross-node)") {
   for (int nodes : {1, 2, 3})
     for (int per : {1, 2, 4})

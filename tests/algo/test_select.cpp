@@ -220,6 +220,18 @@ struct ref_model {
         s += step(std::min(half, p - half) * b, m > 1 && half >= gs ? 1 : 0, gs, m);
       return s + (p - 1) * (chain_A(gs, m) + b * chain_B(m));
     }
+    case algorithm::hier: {
+      // The best flat schedule among the m group leaders on the global
+      // link, plus the best inside a group of gs on the local one.
+      if (m <= 1 || gs <= 1) return inf;
+      const ref_model across{glob, glob, seg, 1, copy}, inside{loc, loc, seg, 1, copy};
+      double a = inf, b = inf;
+      for (auto y : {algorithm::tree, algorithm::ring, algorithm::scatter_allgather}) {
+        a = std::min(a, across.rooted(y, n, m, m, 1, reduce, sg));
+        b = std::min(b, inside.rooted(y, n, gs, gs, 1, reduce, sg));
+      }
+      return a + b;
+    }
     default: return inf;
     }
   }
@@ -320,7 +332,8 @@ TEST_CASE("select: the choice is the cheapest schedule by the model") {
 
 TEST_CASE("select: gathers and rooted collectives choose the cheapest by the model") {
   // As above for choose_allgather / choose_reduce_scatter (ring, bruck, rd)
-  // and choose_rooted (tree, ring, scatter_allgather for broadcast), no arena.
+  // and choose_rooted (tree, ring, scatter_allgather for broadcast, hier on
+  // several groups), no arena.
   const std::size_t seg = policy::ring_segment_bytes;
   std::vector<int> gathers(16, 0), rooteds(16, 0);
   std::size_t checked = 0;
@@ -357,7 +370,7 @@ TEST_CASE("select: gathers and rooted collectives choose the cheapest by the mod
               ++gathers[static_cast<std::size_t>(g)];
 
               best = std::numeric_limits<double>::infinity();
-              for (auto x : {algorithm::tree, algorithm::ring, algorithm::scatter_allgather}) {
+              for (auto x : {algorithm::tree, algorithm::ring, algorithm::scatter_allgather, algorithm::hier}) {
                 const double want = ref.rooted(x, n, p, G, groups, red, static_cast<double>(seg));
                 INFO(algorithm_name(x) << ": model " << m.rooted(x, bytes, t, red, seg) << " reference " << want);
                 REQUIRE(same_cost(m.rooted(x, bytes, t, red, seg), want));
@@ -376,7 +389,7 @@ TEST_CASE("select: gathers and rooted collectives choose the cheapest by the mod
     INFO("gathers never chose " << algorithm_name(x));
     CHECK(gathers[static_cast<std::size_t>(x)] > 0);
   }
-  for (auto x : {algorithm::tree, algorithm::ring, algorithm::scatter_allgather}) {
+  for (auto x : {algorithm::tree, algorithm::ring, algorithm::scatter_allgather, algorithm::hier}) {
     INFO("rooted never chose " << algorithm_name(x));
     CHECK(rooteds[static_cast<std::size_t>(x)] > 0);
   }

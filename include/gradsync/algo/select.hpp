@@ -377,6 +377,15 @@ struct cost_model {
     constexpr double inf = std::numeric_limits<double>::infinity();
     const int p = t.ranks;
     if (a == algorithm::direct) return t.shared_arena ? rooted_direct(static_cast<double>(bytes), p, reduce) : inf;
+    if (a == algorithm::hier) {
+      // algo/hierarchical_rooted.hpp: the best flat schedule among the
+      // groups' leaders (one crossing per group: global link, no
+      // contention), then inside a group (local link). Several groups of
+      // several ranks only.
+      if (t.groups <= 1 || t.group_size <= 1) return inf;
+      return best_flat_rooted(bytes, t.groups, global, reduce, seg).second +
+             best_flat_rooted(bytes, t.group_size, local, reduce, seg).second;
+    }
     if (a != algorithm::tree && a != algorithm::ring && (reduce || a != algorithm::scatter_allgather)) return inf;
     if (p <= 1) return 0;
     const auto n = static_cast<double>(bytes);
@@ -399,6 +408,18 @@ struct cost_model {
   /// The same on p ranks in one group without an arena.
   double rooted(algorithm a, std::size_t bytes, int p, bool reduce, std::size_t seg) const {
     return rooted(a, bytes, topology{p, p, 1}, reduce, seg);
+  }
+  /// The cheapest flat rooted schedule (tree, ring = the chain, and for a
+  /// broadcast scatter_allgather) on p ranks joined by link `l`, and its
+  /// predicted seconds: each level of the two-level rooted schedules.
+  std::pair<algorithm, double> best_flat_rooted(std::size_t bytes, int p, const link_cost& l, bool reduce,
+                                                std::size_t seg) const {
+    const cost_model m{.local = l, .global = l, .arena = arena};
+    std::pair<algorithm, double> best{algorithm::tree, std::numeric_limits<double>::infinity()};
+    for (const algorithm a : {algorithm::tree, algorithm::ring, algorithm::scatter_allgather})
+      if (const double x = m.rooted(a, bytes, topology{p, p, 1}, reduce, seg); x < best.second * (1 - 1e-9))
+        best = {a, x};
+    return best;
   }
 
   /// Predicted seconds of an alltoall(v) by `a` moving `m` bytes to each of
@@ -640,9 +661,11 @@ public:
   algorithm choose_rooted(std::size_t bytes, const topology& t, bool reduce, std::size_t seg) const {
     const algorithm pin = pinned(bytes);
     if (pin == algorithm::tree || pin == algorithm::ring || (pin == algorithm::direct && t.shared_arena) ||
-        (pin == algorithm::scatter_allgather && !reduce))
+        (pin == algorithm::scatter_allgather && !reduce) ||
+        (pin == algorithm::hier && t.groups > 1 && t.group_size > 1))
       return pin;
-    return cheapest_of({algorithm::tree, algorithm::ring, algorithm::scatter_allgather, algorithm::direct},
+    return cheapest_of({algorithm::tree, algorithm::ring, algorithm::scatter_allgather, algorithm::direct,
+                        algorithm::hier},
                        [&](algorithm a) { return model_.rooted(a, bytes, t, reduce, seg); });
   }
   /// The same on p ranks in one group without an arena.
