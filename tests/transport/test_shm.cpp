@@ -195,14 +195,22 @@ TEST_CASE("shm: a matched rendezvous receive withdrawn mid-payload stops the sen
   auto res = spawn(2, [&](communicator& c) {
     if (c.rank() == 0) {
       const auto big = pattern(n, 0, 5);
-      c.isend(cbytes(big), 1, 1).wait(); // completes although only part of it was read
+      auto s = c.isend(cbytes(big), 1, 1);
+      // A small message behind the announcement: once the receiver has it,
+      // it has matched the big one (a receive withdrawn before its message
+      // is announced leaves the message unmatched, and its send waiting, as
+      // in MPI: the test must not depend on which comes first).
+      const std::vector<std::uint8_t> marker(1, 42);
+      c.isend(cbytes(marker), 1, 3).wait();
+      s.wait(); // completes although only part of it was read
       const auto after = pattern(eager_probe, 0, 6);
       c.isend(cbytes(after), 1, 2).wait();
     } else {
       {
-        std::vector<std::uint8_t> gone(n);
+        std::vector<std::uint8_t> gone(n), marker(1);
         auto r = c.irecv(wbytes(gone), 0, 1);
-        for (int i = 0; i < 50 && !r.test(); ++i) std::this_thread::sleep_for(1ms); // part of it arrives
+        c.irecv(wbytes(marker), 0, 3).wait(); // the big message is matched by now
+        for (int i = 0; i < 5 && !r.test(); ++i) std::this_thread::sleep_for(1ms); // part of it arrives
       } // withdrawn
       std::vector<std::uint8_t> in(eager_probe);
       c.irecv(wbytes(in), 0, 2).wait();
