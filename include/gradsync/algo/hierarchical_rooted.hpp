@@ -10,7 +10,8 @@
 //
 // Determinism: each group's partial is one value from the intra-group
 // schedule, combined across groups in the inter-group schedule's fixed
-// order, so the root's result does not depend on timing.
+// order, so the root's result does not depend on timing. avg sums at both
+// levels and divides once, at the root, by the whole rank count.
 #pragma once
 
 #include <cstddef>
@@ -19,6 +20,7 @@
 #include "../exec/executor.hpp"
 #include "../transport/subgroup.hpp"
 #include "chain.hpp"
+#include "hierarchical.hpp"
 #include "scatter_allgather.hpp"
 #include "segment_op.hpp"
 #include "select.hpp"
@@ -105,9 +107,12 @@ void reduce(C& c, E& ex, const T* in, T* out, std::size_t n, int root, Op op, co
   // A leader's partial: the root's output, another leader's scratch.
   T* partial = r == root ? out : scratch;
   T* work = scratch + n;
+  // Both levels combine with the partial operator (avg sums); the root
+  // finishes once with the total rank count.
+  const hierarchical::partial_op<Op> pop{};
   auto flat = [&](auto& sub, algorithm a, const T* from, T* to, int sub_root) {
-    if (a == algorithm::tree) tree::reduce(sub, ex, from, to, n, sub_root, op, seg, tag, work);
-    else chain::reduce(sub, ex, from, to, n, sub_root, op, seg, tag, work);
+    if (a == algorithm::tree) tree::reduce(sub, ex, from, to, n, sub_root, pop, seg, tag, work);
+    else chain::reduce(sub, ex, from, to, n, sub_root, pop, seg, tag, work);
   };
   const auto& members = g.members[static_cast<std::size_t>(mine)];
   const T* have = in;
@@ -125,6 +130,7 @@ void reduce(C& c, E& ex, const T* in, T* out, std::size_t n, int root, Op op, co
     const algorithm a = m.best_flat_rooted(bytes, g.count(), m.global, true, seg).first;
     flat(across, a, have, partial, detail::index_of(lead, root));
   }
+  if (r == root) ex.finish(out, n, op, c.size());
 }
 
 } // namespace gradsync::algo::hierarchical_rooted
