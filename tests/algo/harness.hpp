@@ -475,8 +475,12 @@ inline std::vector<sweep_case> make_cases(collective coll, algorithm algo, const
             for (std::size_t seg : pl.segments)
               for (const int root : roots) {
                 // medium at 8+ ranks: 256-B segments still cut every block into
-                // 8+ segments; 64-B ones made these ranks 3/4 of the sweep's time
-                if (pl.size == plan::medium && p >= 8 && seg == 64) seg = 256;
+                // 8+ segments; 64-B ones made these ranks 3/4 of the sweep's time.
+                // hier's rooted schedules run two levels of segmented trees
+                // and chains: 256-B segments at every rank count (still 64
+                // segments of the 16 KiB vector; the reduce sweep took 75 s)
+                if (pl.size == plan::medium && (p >= 8 || (algo == algorithm::hier && rooted(coll))) && seg == 64)
+                  seg = 256;
                 // large: in place with the first segment size, out of place with the second
                 if (pl.size == plan::large && seg != pl.segments[in_place ? 0 : 1]) continue;
                 sweep_case k;
