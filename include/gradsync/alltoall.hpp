@@ -103,6 +103,29 @@ template <class T, class U> bool overlaps(std::span<T> a, std::span<U> b) {
   return x < y + b.size_bytes() && y < x + a.size_bytes();
 }
 
+// The checks every alltoallv form makes of its arguments (p ranks; `r`
+// this rank): spans, one count per rank, blocks inside their buffers and
+// outputs not overlapping, the tag, and its block to itself.
+template <class T>
+void check_alltoallv(std::span<const T> in, std::span<const std::size_t> send_counts,
+                     std::span<const std::size_t> send_displs, std::span<T> out,
+                     std::span<const std::size_t> recv_counts, std::span<const std::size_t> recv_displs,
+                     std::size_t p, int tag, const char* name, int r) {
+  check_span(in, name, r, "input");
+  check_span(out, name, r, "output");
+  GRADSYNC_REQUIRE(send_counts.size() == p && recv_counts.size() == p, name, r,
+                   std::to_string(send_counts.size()) + " send and " + std::to_string(recv_counts.size()) +
+                       " receive counts for " + std::to_string(p) + " ranks (one per rank each)");
+  check_blocks(send_counts, send_displs, in.size(), false, name, r, "send");
+  check_blocks(recv_counts, recv_displs, out.size(), true, name, r, "receive");
+  GRADSYNC_REQUIRE(!overlaps(in, out), name, r, "input and output overlap (alltoallv is not in place)");
+  check_tag(tag, name, r);
+  const auto me = static_cast<std::size_t>(r);
+  GRADSYNC_REQUIRE(send_counts[me] == recv_counts[me], name, r,
+                   "sends itself " + std::to_string(send_counts[me]) + " elements but expects " +
+                       std::to_string(recv_counts[me]));
+}
+
 // The schedule of an alltoallv whose ranks may move different amounts: the
 // call's own choice (pairwise and scattered exchange the same messages, so
 // ranks may pick differently by their own largest block without breaking the
@@ -242,21 +265,9 @@ void alltoallv(C& c, std::type_identity_t<std::span<const T>> in, std::span<cons
                std::span<const std::size_t> send_displs, std::span<T> out, std::span<const std::size_t> recv_counts,
                std::span<const std::size_t> recv_displs, const options& o = {}) {
   const char* name = "alltoallv";
-  const int r = c.rank();
   const auto p = static_cast<std::size_t>(c.size());
   const scoped_timeout guard(c, o.timeout);
-  detail::check_span(in, name, r, "input");
-  detail::check_span(out, name, r, "output");
-  GRADSYNC_REQUIRE(send_counts.size() == p && recv_counts.size() == p, name, r,
-                   std::to_string(send_counts.size()) + " send and " + std::to_string(recv_counts.size()) +
-                       " receive counts for " + std::to_string(p) + " ranks (one per rank each)");
-  detail::check_blocks(send_counts, send_displs, in.size(), false, name, r, "send");
-  detail::check_blocks(recv_counts, recv_displs, out.size(), true, name, r, "receive");
-  GRADSYNC_REQUIRE(!detail::overlaps(in, out), name, r, "input and output overlap (alltoallv is not in place)");
-  detail::check_tag(o.tag, name, r);
-  GRADSYNC_REQUIRE(send_counts[static_cast<std::size_t>(r)] == recv_counts[static_cast<std::size_t>(r)], name, r,
-                   "sends itself " + std::to_string(send_counts[static_cast<std::size_t>(r)]) +
-                       " elements but expects " + std::to_string(recv_counts[static_cast<std::size_t>(r)]));
+  detail::check_alltoallv<T>(in, send_counts, send_displs, out, recv_counts, recv_displs, p, o.tag, name, c.rank());
   std::size_t largest = 0;
   for (std::size_t q = 0; q < p; ++q) largest = std::max({largest, send_counts[q], recv_counts[q]});
   const algorithm a = detail::v_schedule(c, largest * sizeof(T), o, name);

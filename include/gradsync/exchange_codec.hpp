@@ -148,16 +148,8 @@ encoded_run alltoallv_encoded(C& c, std::type_identity_t<std::span<const T>> in,
   const int r = c.rank();
   const auto p = static_cast<std::size_t>(c.size());
   const scoped_timeout guard(c, o.timeout);
-  detail::check_span(in, name, r, "input");
-  detail::check_span(out, name, r, "output");
-  GRADSYNC_REQUIRE(send_counts.size() == p && recv_counts.size() == p, name, r,
-                   std::to_string(send_counts.size()) + " send and " + std::to_string(recv_counts.size()) +
-                       " receive counts for " + std::to_string(p) + " ranks (one per rank each)");
   const std::vector<std::size_t> sd = detail::packed(send_counts), rd = detail::packed(recv_counts);
-  detail::check_blocks(send_counts, sd, in.size(), false, name, r, "send");
-  detail::check_blocks(recv_counts, rd, out.size(), true, name, r, "receive");
-  GRADSYNC_REQUIRE(!detail::overlaps(in, out), name, r, "input and output overlap (alltoallv is not in place)");
-  detail::check_tag(o.tag, name, r);
+  detail::check_alltoallv<T>(in, send_counts, sd, out, recv_counts, rd, p, o.tag, name, r);
   encoded_run done;
   detail::with_exchange_codec<T>(codec, name, r, [&](const auto& k) {
     std::vector<std::size_t> sb(p), rb(p);
@@ -167,9 +159,6 @@ encoded_run alltoallv_encoded(C& c, std::type_identity_t<std::span<const T>> in,
       in_bytes += rb[q] = k.max_encoded_bytes(recv_counts[q]);
       largest = std::max({largest, sb[q], rb[q]});
     }
-    GRADSYNC_REQUIRE(send_counts[static_cast<std::size_t>(r)] == recv_counts[static_cast<std::size_t>(r)], name, r,
-                     "sends itself " + std::to_string(send_counts[static_cast<std::size_t>(r)]) +
-                         " elements but expects " + std::to_string(recv_counts[static_cast<std::size_t>(r)]));
     exec::host ex;
     auto ws = ex.template scratch<std::byte>(o.workspace, out_bytes + in_bytes, name, r);
     const std::span<std::byte> wire_out(ws.data(), out_bytes), wire_in(ws.data() + out_bytes, in_bytes);
