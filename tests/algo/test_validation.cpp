@@ -241,7 +241,10 @@ TEST_CASE("collectives: ranks passing different counts fail with an error, not a
     options o = with_algo(a);
     o.segment_bytes = 64;
     // (rank, its count) pairs that disagree with the others' 100
-    for (const auto& [odd_rank, odd_count] : std::vector<std::pair<int, std::size_t>>{{0, 101}, {3, 99}, {2, 0}, {1, 300}}) {
+    for (const auto& odd : std::vector<std::pair<int, std::size_t>>{{0, 101}, {3, 99}, {2, 0}, {1, 300}}) {
+      // named copies, not structured bindings: lambdas below capture them (clang 14)
+      const int odd_rank = odd.first;
+      const std::size_t odd_count = odd.second;
       INFO("rank " << odd_rank << " passes " << odd_count);
       auto count_of = [&](const communicator& c) { return c.rank() == odd_rank ? odd_count : std::size_t{100}; };
       const std::vector<std::pair<collective, std::function<void(communicator&)>>> runs = {
@@ -266,7 +269,9 @@ TEST_CASE("collectives: ranks passing different counts fail with an error, not a
              reduce(c, std::span<const float>(in), std::span<float>(out), 1, op::sum{}, o);
            }},
       };
-      for (const auto& [coll, body] : runs) {
+      for (const auto& run : runs) {
+        const collective coll = run.first;
+        const auto& body = run.second;
         if (!implements(coll, a)) continue;
         INFO(std::string(collective_name(coll)));
         const auto t0 = std::chrono::steady_clock::now();

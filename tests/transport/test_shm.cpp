@@ -1036,7 +1036,9 @@ TEST_CASE("shm_direct: ranks writing the arena in different ways (streaming, ord
 }
 
 TEST_CASE("shm: GRADSYNC_SHM_STORES fixes the arena stores; a bad value fails every rank before the group forms") {
-  for (const auto& [value, way] : std::vector<std::pair<const char*, int>>{{"stream", 0}, {"plain", 1}}) {
+  for (const auto& vw : std::vector<std::pair<const char*, int>>{{"stream", 0}, {"plain", 1}}) {
+    const char* value = vw.first; // copies: the lambda below captures them (clang 14)
+    const int way = vw.second;
     CAPTURE(value);
     env_var e("GRADSYNC_SHM_STORES", value);
     auto res = spawn(2, [&, way = way](communicator& c) {
@@ -1116,7 +1118,8 @@ TEST_CASE("shm: irecv_upto takes any size up to its capacity, posted before or a
 
 TEST_CASE("shm: a message larger than an irecv_upto's capacity fails both sides with errc::mismatch") {
   const std::size_t ring = gradsync::policy::shm_ring_bytes;
-  for (auto [sent, cap] : {std::pair<std::size_t, std::size_t>{65, 64}, {3 * ring, ring}}) {
+  for (const auto& sc : {std::pair<std::size_t, std::size_t>{65, 64}, {3 * ring, ring}}) {
+    const std::size_t sent = sc.first, cap = sc.second; // copies: lambdas capture them (clang 14)
     for (bool recv_first : {true, false}) {
       CAPTURE(sent);
       CAPTURE(recv_first);
