@@ -12,6 +12,10 @@ if ! command -v smpirun > /dev/null; then
   echo "smpirun not found (apt-get install libsimgrid-dev): skipped"
   exit 77
 fi
+if [ ! -x "$GRADSYNC_SMPI_BIN" ]; then # SimGrid installed after the build was configured
+  echo "no simulator build ($GRADSYNC_SMPI_BIN; reconfigure with SimGrid installed): skipped"
+  exit 77
+fi
 sizes="-b 8 -e 1M -f 128 -n 2 -w 1 -c 1"
 run() {
   echo "+ run.sh 16 $*"
@@ -24,8 +28,8 @@ run() {
 }
 trap 'rm -f "${TMPDIR:-/tmp}/gradsync-sim-smoke.$$"' EXIT
 run allreduce -a auto,ring,tree,dbtree,rd,rabenseifner,hier,2d,native
-run reduce_scatter -a auto,ring,bruck,rd,native
-run allgather -a auto,ring,bruck,rd,native
-run broadcast -a auto,ring,tree,scatter_allgather,native
-run reduce -a auto,ring,tree,native
+run reduce_scatter -a auto,ring,bruck,rd,hier,native
+run allgather -a auto,ring,bruck,rd,hier,native
+run broadcast -a auto,ring,tree,scatter_allgather,hier,native
+run reduce -a auto,ring,tree,hier,native
 run alltoall -a auto,pairwise,scattered,bruck,hier,native

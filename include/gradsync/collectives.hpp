@@ -19,6 +19,7 @@
 #include "algo/dispatch.hpp"
 #include "algo/dissemination.hpp"
 #include "algo/hierarchical.hpp"
+#include "algo/hierarchical_gather.hpp"
 #include "algo/hierarchical_rooted.hpp"
 #include "algo/options.hpp"
 #include "algo/recursive_doubling.hpp"
@@ -304,7 +305,7 @@ inline std::uint64_t groups_hash(const rank_groups& g) {
   return fnv1a(fnv_basis, g.group_of.data(), g.group_of.size() * sizeof(int));
 }
 
-// The fingerprint of a rooted call (with the groups' hash for hier).
+// The fingerprint of a call that may run hier (with the groups' hash then).
 template <element T, class Op>
 call_fingerprint rooted_fingerprint(call_kind k, std::size_t count, algorithm a, int root, const rank_groups& g) {
   call_fingerprint f = fingerprint_of<T, Op>(k, count, a, root);
@@ -501,6 +502,9 @@ std::size_t reduce_scatter_workspace_bytes(const C& c, std::size_t block, const 
   case algorithm::ring: return algo::ring::scratch_elems(blocks, sizeof(T), o.segment(), c.size()) * sizeof(T);
   case algorithm::bruck: return algo::bruck::reduce_scatter_scratch_bytes<T>(blocks, o.segment(), c.size());
   case algorithm::rd: return algo::recursive_halving::scratch_bytes<T>(blocks, o.segment(), c.size());
+  case algorithm::hier:
+    return algo::hierarchical_gather::reduce_scatter_scratch_bytes<T>(detail::hier_groups(c, o, "reduce_scatter"),
+                                                                      block, o.segment());
   default: return 0;
   }
 }
@@ -527,11 +531,19 @@ void reduce_scatter(C& c, E& ex, std::type_identity_t<std::span<const T>> in, st
   }
   detail::check_tag(o.tag, name, r);
   const algorithm a = reduce_scatter_algorithm<T, C, E>(c, n, o);
-  if (a != algorithm::ring && a != algorithm::bruck && a != algorithm::rd &&
+  if (a != algorithm::ring && a != algorithm::bruck && a != algorithm::rd && a != algorithm::hier &&
       (a != algorithm::direct || !detail::arena_for<C, E>))
     detail::unsupported(name, r, a);
+  const rank_groups groups = a == algorithm::hier ? detail::hier_groups(c, o, name) : rank_groups{};
   auto ws = ex.template scratch<T>(o.workspace, reduce_scatter_workspace_bytes<T, C, E>(c, n, o) / sizeof(T), name, r);
-  detail::run_call(c, name, detail::fingerprint_of<T, Op>(call_kind::reduce_scatter, n, a), in.size_bytes(), o, [&] {
+  detail::run_call(c, name, detail::rooted_fingerprint<T, Op>(call_kind::reduce_scatter, n, a, -1, groups),
+                   in.size_bytes(), o, [&] {
+    if (a == algorithm::hier) {
+      algo::hierarchical_gather::reduce_scatter(c, ex, in.data(), own, n, op, groups,
+                                                detail::selector_for<C, E>(o).model(), o.segment(), o.tag,
+                                                reinterpret_cast<std::byte*>(ws.data()));
+      return;
+    }
     if (a == algorithm::direct) {
       if constexpr (detail::arena_for<C, E>) algo::shm_direct::reduce_scatter(c, in.data(), own, n, op);
       return;
@@ -555,6 +567,14 @@ void reduce_scatter(C& c, std::type_identity_t<std::span<const T>> in, std::span
   reduce_scatter<C, exec::host, T, Op>(c, ex, in, out, op, o);
 }
 
+/// Scratch bytes `allgather` needs for blocks of `block` elements (hier only:
+/// a group-ordered copy where the groups are not contiguous and equal).
+template <element T, transport C, executor E = exec::host>
+std::size_t allgather_workspace_bytes(const C& c, std::size_t block, const options& o = {}) {
+  if (allgather_algorithm<T, C, E>(c, block, o) != algorithm::hier) return 0;
+  return algo::hierarchical_gather::allgather_scratch_bytes<T>(detail::hier_groups(c, o, "allgather"), block);
+}
+
 /// Allgather: `out` receives size() blocks of `in.size()` elements, block r
 /// from rank r. `in` may alias block r of `out` (in place).
 template <transport C, executor E, element T>
@@ -574,10 +594,19 @@ void allgather(C& c, E& ex, std::type_identity_t<std::span<const T>> in, std::sp
   if (n != 0 && own != in.data()) detail::check_alias(in, out, name, r);
   detail::check_tag(o.tag, name, r);
   const algorithm a = allgather_algorithm<T, C, E>(c, n, o);
-  if (a != algorithm::ring && a != algorithm::bruck && a != algorithm::rd &&
+  if (a != algorithm::ring && a != algorithm::bruck && a != algorithm::rd && a != algorithm::hier &&
       (a != algorithm::direct || !detail::arena_for<C, E>))
     detail::unsupported(name, r, a);
-  detail::run_call(c, name, detail::fingerprint_of<T, void>(call_kind::allgather, n, a), out.size_bytes(), o, [&] {
+  const rank_groups groups = a == algorithm::hier ? detail::hier_groups(c, o, name) : rank_groups{};
+  auto ws = ex.template scratch<T>(o.workspace, allgather_workspace_bytes<T, C, E>(c, n, o) / sizeof(T), name, r);
+  detail::run_call(c, name, detail::rooted_fingerprint<T, void>(call_kind::allgather, n, a, -1, groups),
+                   out.size_bytes(), o, [&] {
+    if (a == algorithm::hier) {
+      algo::hierarchical_gather::allgather(c, ex, in.data(), out.data(), n, groups,
+                                           detail::selector_for<C, E>(o).model(), o.segment(), o.tag,
+                                           reinterpret_cast<std::byte*>(ws.data()));
+      return;
+    }
     if (a == algorithm::direct) {
       if constexpr (detail::arena_for<C, E>) algo::shm_direct::allgather(c, in.data(), out.data(), n);
       return;

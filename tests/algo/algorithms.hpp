@@ -42,7 +42,7 @@ constexpr bool implements(collective c, algorithm a) {
   case algorithm::rd: return c == collective::allreduce || c == collective::reduce_scatter || c == collective::allgather;
   case algorithm::bruck: return c == collective::reduce_scatter || c == collective::allgather;
   case algorithm::scatter_allgather: return c == collective::broadcast;
-  case algorithm::hier: return c == collective::allreduce || c == collective::broadcast || c == collective::reduce;
+  case algorithm::hier: return true;
   case algorithm::dbtree:
   case algorithm::rabenseifner:
   case algorithm::twod: return c == collective::allreduce;

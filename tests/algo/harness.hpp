@@ -300,6 +300,8 @@ template <class T> std::string allgather_case(const sweep_case& k) {
   for (int q = 0; q < p; ++q)
     for (std::size_t j = 0; j < n; ++j) want[static_cast<std::size_t>(q) * n + j] = to_elem<T>(model::input(op_kind::sum, q, j, p));
   return run_ranks<T>(k, true, [&](inproc::communicator& c, options o, std::vector<T>& res, std::string& err) {
+    std::vector<std::byte> ws;
+    use_workspace(k, o, ws, allgather_workspace_bytes<T>(c, n, o));
     const auto off = n * static_cast<std::size_t>(c.rank());
     auto mine = inputs<T>(op_kind::sum, c.rank(), n, p);
     std::vector<T> out(total, sentinel<T>());
@@ -478,8 +480,11 @@ inline std::vector<sweep_case> make_cases(collective coll, algorithm algo, const
                 // 8+ segments; 64-B ones made these ranks 3/4 of the sweep's time.
                 // hier's rooted schedules run two levels of segmented trees
                 // and chains: 256-B segments at every rank count (still 64
-                // segments of the 16 KiB vector; the reduce sweep took 75 s)
-                if (pl.size == plan::medium && (p >= 8 || (algo == algorithm::hier && rooted(coll))) && seg == 64)
+                // segments of the 16 KiB vector; the reduce sweep took 75 s),
+                // and so do its gathers (a tree or chain over the whole vector
+                // inside each group: the reduce_scatter sweep took 62 s)
+                if (pl.size == plan::medium && (p >= 8 || (algo == algorithm::hier && coll != collective::allreduce)) &&
+                    seg == 64)
                   seg = 256;
                 // large: in place with the first segment size, out of place with the second
                 if (pl.size == plan::large && seg != pl.segments[in_place ? 0 : 1]) continue;

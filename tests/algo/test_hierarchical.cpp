@@ -147,6 +147,59 @@ TEST_CASE("hier broadcast and reduce: nodes contiguous, interleaved or uneven, e
     }
 }
 
+TEST_CASE("hier allgather and reduce_scatter: nodes contiguous, interleaved or uneven, in place, avg") {
+  const std::vector<std::vector<int>> layouts = {
+      {0, 0, 0, 0, 1, 1, 1, 1}, {0, 1, 0, 1, 0, 1, 0, 1}, {5, 5, 5, 2, 2, 9, 9, 9},
+      {0, 1, 1, 2, 2, 2, 3, 3, 3, 3}, {0, 1, 2, 3, 4, 5, 6}, {0, 0, 0, 0, 0}, {0, 0, 0, 1, 1, 1}};
+  for (const auto& nodes : layouts)
+    for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{333}}) {
+      const int p = static_cast<int>(nodes.size());
+      const auto P = static_cast<std::size_t>(p);
+      INFO("nodes of " << p << " ranks, node of rank 1 " << nodes[1] << ", n=" << n);
+      std::vector<std::string> errs(P);
+      inproc::run(p, [&](inproc::communicator& base) {
+        noded c{base, nodes};
+        const int r = base.rank();
+        const auto R = static_cast<std::size_t>(r);
+        std::string& e = errs[R];
+        options o;
+        o.algo = algorithm::hier;
+        o.segment_bytes = 256;
+        // allgather: block q of every rank is rank q's input
+        std::vector<std::int64_t> mine(n), out(n * P + 1, -1);
+        for (std::size_t i = 0; i < n; ++i) mine[i] = input(r, i);
+        allgather(c, std::span<const std::int64_t>(mine), std::span<std::int64_t>(out).first(n * P), o);
+        for (std::size_t q = 0; q < P && e.empty(); ++q)
+          for (std::size_t i = 0; i < n && e.empty(); ++i)
+            if (out[q * n + i] != input(static_cast<int>(q), i))
+              e = "allgather block " + std::to_string(q) + " element " + std::to_string(i);
+        if (out[n * P] != -1) e = "allgather wrote past the output";
+        std::vector<std::int64_t> again(n * P, -1); // in place: the input is the own block
+        for (std::size_t i = 0; i < n; ++i) again[R * n + i] = input(r, i);
+        allgather(c, std::span<const std::int64_t>(again.data() + R * n, n), std::span<std::int64_t>(again), o);
+        if (e.empty() && again != std::vector<std::int64_t>(out.begin(), out.end() - 1)) e = "in-place allgather";
+        // reduce_scatter: element j of the whole vector sums input(q, j) over q
+        std::vector<std::int64_t> in(n * P), got(n + 1, -1);
+        for (std::size_t j = 0; j < n * P; ++j) in[j] = input(r, j);
+        reduce_scatter(c, std::span<const std::int64_t>(in), std::span<std::int64_t>(got).first(n), op::sum{}, o);
+        for (std::size_t i = 0; i < n && e.empty(); ++i)
+          if (got[i] != expected(p, R * n + i)) e = "reduce_scatter element " + std::to_string(i);
+        if (got[n] != -1) e = "reduce_scatter wrote past the output";
+        reduce_scatter(c, std::span<const std::int64_t>(in), std::span<std::int64_t>(in.data() + R * n, n), op::sum{},
+                       o); // in place
+        for (std::size_t i = 0; i < n && e.empty(); ++i)
+          if (in[R * n + i] != expected(p, R * n + i)) e = "in-place reduce_scatter element " + std::to_string(i);
+        // avg divides once by p: p x 2 x (i + 1), averaged, is 2 (i + 1) on every rank
+        std::vector<double> a(n * P), b(n, -1);
+        for (std::size_t j = 0; j < n * P; ++j) a[j] = 2.0 * static_cast<double>(j % 7 + 1);
+        reduce_scatter(c, std::span<const double>(a), std::span<double>(b), op::avg{}, o);
+        for (std::size_t i = 0; i < n && e.empty(); ++i)
+          if (b[i] != 2.0 * static_cast<double>((R * n + i) % 7 + 1)) e = "avg reduce_scatter element " + std::to_string(i);
+      });
+      for (std::size_t r = 0; r < errs.size(); ++r) CHECK_MESSAGE(errs[r].empty(), "rank " << r << ": " << errs[r]);
+    }
+}
+
 TEST_CASE("hier: two communicators (intra-node and cross-node)") {
   for (int nodes : {1, 2, 3})
     for (int per : {1, 2, 4})

@@ -198,6 +198,25 @@ struct ref_model {
       }
       return s;
     }
+    case algorithm::hier: {
+      // Leader-based on m slots of gs blocks: allgather = the group's blocks
+      // inside + the slots among the m leaders (global) + the slots
+      // broadcast inside + one unpermuting pass; reduce-scatter = one
+      // permuting pass + the slots reduced inside + the leaders' reduce-
+      // scatter + gs - 1 blocks sent inside. Each level at its cheapest.
+      if (m <= 1 || gs <= 1) return inf;
+      const ref_model across{glob, glob, seg, 1, copy}, inside{loc, loc, seg, 1, copy};
+      const double all = std::ceil(b) * gs * m; // the slots, in whole bytes
+      double lead = inf, in_gather = inf, in_rooted = inf;
+      for (auto y : {algorithm::ring, algorithm::bruck, algorithm::rd}) {
+        lead = std::min(lead, across.gather(y, all, m, m, 1, reduce));
+        in_gather = std::min(in_gather, inside.gather(y, b * gs, gs, gs, 1, false));
+      }
+      for (auto y : {algorithm::tree, algorithm::ring, algorithm::scatter_allgather})
+        in_rooted = std::min(in_rooted, inside.rooted(y, all, gs, gs, 1, reduce, seg));
+      return reduce ? all * copy + in_rooted + lead + (gs - 1) * (loc.A + b * loc.B)
+                    : in_gather + lead + in_rooted + all * copy;
+    }
     default: return inf;
     }
   }
@@ -331,7 +350,8 @@ TEST_CASE("select: the choice is the cheapest schedule by the model") {
 }
 
 TEST_CASE("select: gathers and rooted collectives choose the cheapest by the model") {
-  // As above for choose_allgather / choose_reduce_scatter (ring, bruck, rd)
+  // As above for choose_allgather / choose_reduce_scatter (ring, bruck, rd, hier
+  // on several groups)
   // and choose_rooted (tree, ring, scatter_allgather for broadcast, hier on
   // several groups), no arena.
   const std::size_t seg = policy::ring_segment_bytes;
@@ -358,7 +378,7 @@ TEST_CASE("select: gathers and rooted collectives choose the cheapest by the mod
             for (bool red : {false, true}) {
               INFO("reduce=" << red);
               double best = std::numeric_limits<double>::infinity();
-              for (auto x : {algorithm::ring, algorithm::bruck, algorithm::rd}) {
+              for (auto x : {algorithm::ring, algorithm::bruck, algorithm::rd, algorithm::hier}) {
                 const double want = ref.gather(x, n, p, G, groups, red);
                 INFO(algorithm_name(x) << ": model " << m.scatter_gather(x, bytes, t, red) << " reference " << want);
                 REQUIRE(same_cost(m.scatter_gather(x, bytes, t, red), want));
@@ -385,7 +405,7 @@ TEST_CASE("select: gathers and rooted collectives choose the cheapest by the mod
           }
         }
   CHECK(checked > 2000);
-  for (auto x : {algorithm::ring, algorithm::bruck, algorithm::rd}) {
+  for (auto x : {algorithm::ring, algorithm::bruck, algorithm::rd, algorithm::hier}) {
     INFO("gathers never chose " << algorithm_name(x));
     CHECK(gathers[static_cast<std::size_t>(x)] > 0);
   }

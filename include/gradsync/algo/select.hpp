@@ -307,11 +307,15 @@ struct cost_model {
   ///    (rounds of d blocks of n/p' with the rank d away), plus the fold's
   ///    two steps where p is not one;
   ///  - `direct`: arena_half where t.shared_arena;
+  ///  - `hier` (several groups of several ranks): the two levels below;
   /// infinity for anything else.
   double scatter_gather(algorithm a, std::size_t bytes, const topology& t, bool reduce) const {
+    return gather_cost(a, static_cast<double>(bytes), t, reduce);
+  }
+  /// The same for `n` bytes, not necessarily whole (a level of hier).
+  double gather_cost(algorithm a, double n, const topology& t, bool reduce) const {
     const int p = t.ranks;
     if (p <= 1) return 0;
-    const auto n = static_cast<double>(bytes);
     const double b = n / p, g = reduce ? local.gamma : 0;
     switch (a) {
     case algorithm::ring: return (p - 1) * (chain_alpha(t) + b * (chain_beta(t) + g));
@@ -340,8 +344,36 @@ struct cost_model {
     }
     case algorithm::direct:
       return t.shared_arena ? arena_half(n, p, reduce) : std::numeric_limits<double>::infinity();
+    case algorithm::hier: {
+      // algo/hierarchical_gather.hpp on groups of g: the slots hold G g
+      // blocks. Allgather: the group's blocks among its members, the slots
+      // among the leaders (global link, one crossing per group), the slots
+      // broadcast inside the group, one local pass to unpermute. Reduce-
+      // scatter: one pass to permute, the slots reduced to the leader, the
+      // leaders' reduce-scatter, g - 1 blocks sent to the members.
+      if (t.groups <= 1 || t.group_size <= 1) return std::numeric_limits<double>::infinity();
+      const int gs = t.group_size, groups = t.groups;
+      const double all = std::ceil(b) * gs * groups; // whole bytes (a real call's blocks are)
+      const auto seg = static_cast<std::size_t>(policy::ring_segment_bytes);
+      const double across = best_flat_gather(all, groups, global, reduce).second;
+      const double inside = best_flat_rooted(static_cast<std::size_t>(all), gs, local, reduce, seg).second;
+      if (!reduce) return best_flat_gather(b * gs, gs, local, false).second + across + inside + all * arena.copy;
+      return all * arena.copy + inside + across + (gs - 1) * (local.alpha + b * local.beta);
+    }
     default: return std::numeric_limits<double>::infinity();
     }
+  }
+  /// The cheapest flat reduce-scatter (`reduce`) or allgather schedule
+  /// (ring, bruck, rd) of `bytes` in all on p ranks joined by link `l`, and
+  /// its predicted seconds: each level of the two-level gathers.
+  std::pair<algorithm, double> best_flat_gather(double bytes, int p, const link_cost& l, bool reduce) const {
+    const cost_model m{.local = l, .global = l, .arena = arena};
+    std::pair<algorithm, double> best{algorithm::ring, std::numeric_limits<double>::infinity()};
+    for (const algorithm a : {algorithm::ring, algorithm::bruck, algorithm::rd})
+      if (const double x = m.gather_cost(a, bytes, topology{p, p, 1}, reduce);
+          x < best.second * (1 - 1e-9))
+        best = {a, x};
+    return best;
   }
   /// Arena broadcast (`reduce`: false) or reduce of n bytes on p ranks
   /// (algo/shm_direct_rooted.hpp). Broadcast: one synchronisation per round
@@ -674,8 +706,8 @@ public:
   }
 
   /// Reduce-scatter schedule for `bytes` in all (p blocks of bytes/p) on
-  /// `t`: the table's entry where it names ring, bruck, rd or (with an arena)
-  /// direct, else the cheapest of them by cost_model::scatter_gather. `seg`
+  /// `t`: the table's entry where it names ring, bruck, rd, (with an arena)
+  /// direct or (on several groups) hier, else the cheapest of them by cost_model::scatter_gather. `seg`
   /// is the call's segment size (the formulas do not depend on it).
   algorithm choose_reduce_scatter(std::size_t bytes, const topology& t, std::size_t /*seg*/) const {
     return choose_gather(bytes, t, true);
@@ -721,11 +753,12 @@ private:
     return best;
   }
   algorithm choose_gather(std::size_t bytes, const topology& t, bool reduce) const {
-    if (const auto a = pinned(bytes);
-        a == algorithm::ring || a == algorithm::bruck || a == algorithm::rd || (a == algorithm::direct && t.shared_arena))
+    if (const auto a = pinned(bytes); a == algorithm::ring || a == algorithm::bruck || a == algorithm::rd ||
+                                      (a == algorithm::direct && t.shared_arena) ||
+                                      (a == algorithm::hier && t.groups > 1 && t.group_size > 1))
       return a;
     if (t.ranks <= 1) return algorithm::ring;
-    return cheapest_of({algorithm::ring, algorithm::bruck, algorithm::rd, algorithm::direct},
+    return cheapest_of({algorithm::ring, algorithm::bruck, algorithm::rd, algorithm::direct, algorithm::hier},
                        [&](algorithm a) { return model_.scatter_gather(a, bytes, t, reduce); });
   }
 
