@@ -248,6 +248,15 @@ TEST_CASE("hier: clear errors") {
     options o;
     o.algo = algorithm::hier; // inproc has no node_of and no group size was given
     CHECK_THROWS_WITH_AS(allreduce(c, std::span<float>(v), op::sum{}, o), doctest::Contains("needs groups"), error);
+    std::vector<float> all(8);
+    CHECK_THROWS_WITH_AS(allgather(c, std::span<const float>(v.data(), 2), std::span<float>(all), o),
+                         doctest::Contains("allgather (rank"), error);
+    CHECK_THROWS_WITH_AS(allgather(c, std::span<const float>(v.data(), 2), std::span<float>(all), o),
+                         doctest::Contains("needs groups"), error);
+    CHECK_THROWS_WITH_AS(reduce_scatter(c, std::span<const float>(all), std::span<float>(v.data(), 2), op::sum{}, o),
+                         doctest::Contains("reduce_scatter (rank"), error);
+    CHECK_THROWS_WITH_AS(reduce_scatter(c, std::span<const float>(all), std::span<float>(v.data(), 2), op::sum{}, o),
+                         doctest::Contains("needs groups"), error);
     o.group_size = 2;
     o.inner = algorithm::hier;
     CHECK_THROWS_WITH_AS(allreduce(c, std::span<float>(v), op::sum{}, o), doctest::Contains("not a single-level"), error);

@@ -102,11 +102,9 @@ void allgather(C& c, E& ex, const T* in, T* out, std::size_t n, const rank_group
     subgroup<C> inside(c, members, 0);
     flat_allgather(inside, ex, m.best_flat_gather(n * gs * sizeof(T), gs, m.local, false).first, slot, n, seg, tag);
   }
-  std::vector<int> lead;
-  for (const auto& mem : g.members) lead.push_back(mem.front());
   if (g.count() > 1) {
-    if (local == 0) { // the groups' slots, among the leaders
-      subgroup<C> across(c, lead, 0);
+    if (local == 0) { // the groups' slots, among the leaders (each group's first member)
+      subgroup<C> across(c, hierarchical_rooted::leaders(g, 0), 0);
       const algorithm a = m.best_flat_gather(width * static_cast<std::size_t>(g.count()) * sizeof(T), g.count(),
                                              m.global, false).first;
       flat_allgather(across, ex, a, slots, width, seg, tag);
@@ -176,9 +174,7 @@ void reduce_scatter(C& c, E& ex, const T* in, T* out, std::size_t n, Op op, cons
   if (local == 0) {
     T* const got = g.count() > 1 ? mine_slot : slots;
     if (g.count() > 1) { // the groups' slots, reduce-scattered among the leaders
-      std::vector<int> lead;
-      for (const auto& mem : g.members) lead.push_back(mem.front());
-      subgroup<C> across(c, lead, 0);
+      subgroup<C> across(c, hierarchical_rooted::leaders(g, 0), 0); // each group's first member
       const algorithm a = m.best_flat_gather(all * sizeof(T), g.count(), m.global, true).first;
       const typed_reduce<T, hierarchical::partial_op<Op>, E> sop{ex, pop, g.count(), trace_of(c)};
       const partition blocks{all, static_cast<std::size_t>(g.count())};
