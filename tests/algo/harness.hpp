@@ -27,10 +27,12 @@
 #include <exception>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -198,6 +200,47 @@ template <class T> std::vector<T> expected(op_kind op, std::size_t n, int p) {
   return want;
 }
 
+// Every algorithm, segment size and placement of one sweep point (op, count,
+// ranks) starts from the same inputs and expects the same result; the sweep
+// runs a point's cases back to back (sweep() below), so both are computed once
+// per point here instead of once per case (they were a third of the large
+// sweep's time). One entry per element type; called from the main thread only,
+// before the ranks start, which then only read it.
+template <class T> struct point_memo {
+  struct key {
+    op_kind op;
+    std::size_t n;
+    int p;
+    bool operator==(const key&) const = default;
+  };
+  std::optional<key> in_key, want_key;
+  std::vector<std::vector<T>> in; // in[r]: rank r's input
+  std::vector<T> want;
+};
+template <class T> point_memo<T>& memo() {
+  static point_memo<T> m;
+  return m;
+}
+template <class T> const std::vector<std::vector<T>>& all_inputs(op_kind op, std::size_t n, int p) {
+  auto& m = memo<T>();
+  const typename point_memo<T>::key k{op, n, p};
+  if (m.in_key != k) {
+    m.in.clear();
+    for (int r = 0; r < p; ++r) m.in.push_back(inputs<T>(op, r, n, p));
+    m.in_key = k;
+  }
+  return m.in;
+}
+template <class T> const std::vector<T>& expected_of(op_kind op, std::size_t n, int p) {
+  auto& m = memo<T>();
+  const typename point_memo<T>::key k{op, n, p};
+  if (m.want_key != k) {
+    m.want = expected<T>(op, n, p);
+    m.want_key = k;
+  }
+  return m.want;
+}
+
 inline options options_of(const sweep_case& k) {
   options o;
   o.algo = k.algo;
@@ -244,11 +287,12 @@ inline void use_workspace(const sweep_case& k, options& o, std::vector<std::byte
 template <class T, class Op> std::string allreduce_case(const sweep_case& k, Op op) {
   const int p = k.ranks;
   const std::size_t n = k.count;
-  const auto want = expected<T>(k.op, n, p);
+  const auto& want = expected_of<T>(k.op, n, p);
+  const auto& ins = all_inputs<T>(k.op, n, p);
   return run_ranks<T>(k, true, [&](inproc::communicator& c, options o, std::vector<T>& res, std::string& err) {
     std::vector<std::byte> ws;
     use_workspace(k, o, ws, allreduce_workspace_bytes<T>(c, n, o));
-    auto in = inputs<T>(k.op, c.rank(), n, p);
+    auto in = ins[static_cast<std::size_t>(c.rank())];
     if (k.in_place) {
       allreduce(c, std::span<T>(in), op, o);
       res = std::move(in);
@@ -269,13 +313,14 @@ template <class T, class Op> std::string allreduce_case(const sweep_case& k, Op 
 template <class T, class Op> std::string reduce_scatter_case(const sweep_case& k, Op op) {
   const int p = k.ranks;
   const std::size_t n = k.count, total = n * static_cast<std::size_t>(p);
-  const auto want = expected<T>(k.op, total, p);
+  const auto& want = expected_of<T>(k.op, total, p);
+  const auto& ins = all_inputs<T>(k.op, total, p);
   return run_ranks<T>(k, false, [&](inproc::communicator& c, options o, std::vector<T>&, std::string& err) {
     std::vector<std::byte> ws;
     use_workspace(k, o, ws, reduce_scatter_workspace_bytes<T>(c, n, o));
     const auto off = n * static_cast<std::size_t>(c.rank());
     const auto mine = std::span<const T>(want).subspan(off, n);
-    auto in = inputs<T>(k.op, c.rank(), total, p);
+    auto in = ins[static_cast<std::size_t>(c.rank())];
     auto orig = in;
     if (k.in_place) {
       const std::span<T> own(in.data() + off, n);
@@ -296,14 +341,15 @@ template <class T, class Op> std::string reduce_scatter_case(const sweep_case& k
 template <class T> std::string allgather_case(const sweep_case& k) {
   const int p = k.ranks;
   const std::size_t n = k.count, total = n * static_cast<std::size_t>(p);
-  std::vector<T> want(total);
-  for (int q = 0; q < p; ++q)
-    for (std::size_t j = 0; j < n; ++j) want[static_cast<std::size_t>(q) * n + j] = to_elem<T>(model::input(op_kind::sum, q, j, p));
+  const auto& ins = all_inputs<T>(op_kind::sum, n, p);
+  std::vector<T> want;
+  want.reserve(total);
+  for (const auto& block : ins) want.insert(want.end(), block.begin(), block.end());
   return run_ranks<T>(k, true, [&](inproc::communicator& c, options o, std::vector<T>& res, std::string& err) {
     std::vector<std::byte> ws;
     use_workspace(k, o, ws, allgather_workspace_bytes<T>(c, n, o));
     const auto off = n * static_cast<std::size_t>(c.rank());
-    auto mine = inputs<T>(op_kind::sum, c.rank(), n, p);
+    auto mine = ins[static_cast<std::size_t>(c.rank())];
     std::vector<T> out(total, sentinel<T>());
     if (k.in_place) {
       std::copy(mine.begin(), mine.end(), out.begin() + static_cast<std::ptrdiff_t>(off));
@@ -321,7 +367,7 @@ template <class T> std::string allgather_case(const sweep_case& k) {
 template <class T> std::string broadcast_case(const sweep_case& k) {
   const int p = k.ranks;
   const std::size_t n = k.count;
-  const auto want = inputs<T>(op_kind::sum, k.root, n, p);
+  const auto& want = all_inputs<T>(op_kind::sum, n, p)[static_cast<std::size_t>(k.root)];
   return run_ranks<T>(k, true, [&](inproc::communicator& c, options o, std::vector<T>& res, std::string& err) {
     std::vector<T> buf = c.rank() == k.root ? want : std::vector<T>(n, sentinel<T>());
     broadcast(c, std::span<T>(buf), k.root, o);
@@ -333,12 +379,13 @@ template <class T> std::string broadcast_case(const sweep_case& k) {
 template <class T, class Op> std::string reduce_case(const sweep_case& k, Op op) {
   const int p = k.ranks;
   const std::size_t n = k.count;
-  const auto want = expected<T>(k.op, n, p);
+  const auto& want = expected_of<T>(k.op, n, p);
+  const auto& ins = all_inputs<T>(k.op, n, p);
   return run_ranks<T>(k, false, [&](inproc::communicator& c, options o, std::vector<T>&, std::string& err) {
     std::vector<std::byte> ws;
     use_workspace(k, o, ws, reduce_workspace_bytes<T>(c, n, o));
     const bool root = c.rank() == k.root;
-    auto in = inputs<T>(k.op, c.rank(), n, p);
+    auto in = ins[static_cast<std::size_t>(c.rank())];
     const auto orig = in;
     if (k.in_place) { // the root reduces into its input; the others pass no output
       reduce(c, cspan(in), root ? std::span<T>(in) : std::span<T>(), k.root, op, o);
@@ -508,12 +555,19 @@ inline std::vector<sweep_case> make_cases(collective coll, algorithm algo, const
 }
 
 /// Sweeps `coll` with plan size `s` under every selected algorithm that implements it.
+/// A point's cases (every algorithm, segment size, placement and root) run
+/// back to back, so its inputs and expected result are computed once.
 inline void sweep(collective coll, plan::sizes s) {
-  for (const algorithm a : selected_algorithms()) {
-    if (!implements(coll, a)) continue;
-    INFO("algorithm " << algorithm_name(a));
-    run_cases(make_cases(coll, a, standard_plan(s)));
-  }
+  std::vector<sweep_case> cases;
+  for (const algorithm a : selected_algorithms())
+    if (implements(coll, a)) {
+      const auto more = make_cases(coll, a, standard_plan(s));
+      cases.insert(cases.end(), more.begin(), more.end());
+    }
+  std::stable_sort(cases.begin(), cases.end(), [](const sweep_case& x, const sweep_case& y) {
+    return std::tie(x.ranks, x.count, x.type, x.op) < std::tie(y.ranks, y.count, y.type, y.op);
+  });
+  run_cases(cases);
 }
 
 } // namespace gradsync::test
