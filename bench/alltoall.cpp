@@ -103,7 +103,7 @@ struct config {
 std::vector<algo_choice> parse_algos(std::string_view list, const config& cfg) {
   // direct: the shared-memory arena's schedule (algo/alltoall_direct.hpp), shm only.
   const bool arena = cfg.transport == "shm";
-  const std::string mine = std::string(cfg.v ? "auto, pairwise, scattered" : "auto, pairwise, scattered, bruck, hier") +
+  const std::string mine = std::string(cfg.v ? "auto, pairwise, scattered, hier" : "auto, pairwise, scattered, bruck, hier") +
                            (arena ? ", direct" : "") + ", native";
   std::vector<algo_choice> out;
   for (const std::string& name : split_commas(list)) {
@@ -120,10 +120,10 @@ std::vector<algo_choice> parse_algos(std::string_view list, const config& cfg) {
       c.native = true;
     } else if (!parse_algorithm(name, c.a) ||
                !(c.a == algorithm::automatic || c.a == algorithm::pairwise || c.a == algorithm::scattered ||
-                 (!cfg.v && (c.a == algorithm::bruck || c.a == algorithm::hier)) ||
+                 c.a == algorithm::hier || (!cfg.v && c.a == algorithm::bruck) ||
                  (arena && c.a == algorithm::direct))) {
       throw std::invalid_argument("-a: '" + name + "' is not a schedule of " + cfg.name + " (known: " + mine +
-                                  (cfg.v && (name == "bruck" || name == "hier") ? "; " + name + " needs equal blocks: alltoall only" : "") + ")");
+                                  (cfg.v && name == "bruck" ? "; bruck needs equal blocks: alltoall only" : "") + ")");
     }
     for (const auto& o : out)
       if (o.name == c.name) throw std::invalid_argument("-a lists '" + c.name + "' twice");
@@ -617,8 +617,8 @@ int alltoall_main(std::string_view name, int argc, char** argv) {
   std::string algos, dt = "f32";
   int check = 1;
   app.add_option("-a,--algo", algos,
-                 std::string("comma list of schedules, one row each per size: auto pairwise scattered ") +
-                     (cfg.v ? "" : "bruck hier ") +
+                 std::string("comma list of schedules, one row each per size: auto pairwise scattered hier ") +
+                     (cfg.v ? "" : "bruck ") +
                      "direct native (direct: through the shared arena, -t shm only; native: MPI_" + (cfg.v ? "Alltoallv" : "Alltoall") +
                      ", -t mpi only; default: auto, and auto,native on -t mpi)");
   app.add_option("-d,--datatype", dt, "element type (one per element size: the exchanges move bytes)")

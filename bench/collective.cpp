@@ -176,6 +176,9 @@ int collective_main(std::string_view name, int argc, char** argv) {
                  "allreduce: also run compressed_allreduce with this codec (repeatable; float dtypes, avg/sum): "
                  "a row always compressed and a row where compress_mode::automatic decides. " +
                      std::string(compress::spec_help));
+  app.add_flag("--memcpy-each-size", cfg.memcpy_each_size,
+               "a 'memcpy' row per size: rank 0 copies that many bytes while the others wait (the memory's "
+               "own speed at that size and moment; bench/cliff_check.py compares busbw with it)");
   sweep_options sw;
   sw.add_to(app);
   app.add_flag("--inject-error", cfg.inject, "corrupt one result element on rank 0 (tests the checker)")

@@ -48,6 +48,9 @@ struct config {
   bool inject = false; ///< corrupt one element on rank 0 per row (tests the checker)
   bool shared = false; ///< buffers from the communicator's alloc_shared (shm)
   verification verify = verification::automatic; ///< options::verify of every call (--verify)
+  /// --memcpy-each-size: a "memcpy" row per size (rank 0 copies that many
+  /// bytes while the others wait), what bench/cliff_check.py divides by.
+  bool memcpy_each_size = false;
   std::string json;
   /// -z: codecs of compressed allreduce rows (two rows per codec and size:
   /// always compressed, and compress_mode::automatic with its decision).

@@ -399,6 +399,11 @@ std::int64_t sweep_op(C& c, const config& cfg, const selector& sel, report& rep)
       if (!a.native) ws_bytes = std::max(ws_bytes, workspace_bytes<T>(c, cfg.kind, s, options_for(a, {})));
     buffer ws(ws_bytes);
     const iteration_plan plan = plan_iterations(s.bytes, cfg.iters, cfg.warmup);
+    if (cfg.memcpy_each_size) { // the memory's own speed at this size, now: nothing else runs
+      barrier(c);
+      if (r == 0) rep.add_memcpy(measure_memcpy(s.bytes), row{cfg.name, cfg.transport, p});
+      barrier(c);
+    }
     for (const auto& a : cfg.algos) {
       const options o = options_for(a, std::span<std::byte>(ws.data(), ws.size()));
       const prediction pred = predict<T>(c, cfg.kind, a, o, s, sel);

@@ -265,17 +265,31 @@ void report::add(const row& r) {
   }
 }
 
-void report::finish(const memcpy_limit& lim, const row& like) {
-  if (!active_) return;
+namespace {
+row copy_row(const memcpy_limit& lim, const row& like, const char* algo) {
   row l = like;
-  l.algo = "limit";
+  l.algo = algo;
   l.dtype = "byte";
   l.op = "none";
   l.bytes = l.count = lim.bytes;
   l.time_us = lim.seconds * 1e6;
   l.algbw_gbs = l.busbw_gbs = lim.gbs();
   l.wrong = -1;
+  l.model_us.reset();
+  l.picked.clear();
+  return l;
+}
+} // namespace
+
+void report::add_memcpy(const memcpy_limit& lim, const row& like) {
+  if (active_) add(copy_row(lim, like, "memcpy"));
+}
+
+void report::finish(const memcpy_limit& lim, const row& like) {
+  if (!active_) return;
+  const row l = copy_row(lim, like, "limit");
   auto rows = std::move(rows_);
+  std::erase_if(rows, [](const row& r) { return r.algo == "memcpy"; });
   std::printf("#  limit: single-thread memcpy of %s, best of several copies\n", human_bytes(lim.bytes).c_str());
   add(l);
   rows_.clear();

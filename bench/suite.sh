@@ -59,12 +59,13 @@ if command -v mpiexec >/dev/null && "$bench" allreduce --help 2>/dev/null | grep
   checked+=("$out"/shm-alltoall.json "$out"/mpi-alltoall.json "$out"/shm-alltoallv.json "$out"/mpi-alltoallv.json)
   # Cliff sweep (issue 32): every collective and schedule over shm, 1 MiB to
   # 256 MiB, twice; bench/cliff_check.py below prints any size where busbw
-  # drops > 30 % from the size before, or between the two runs.
+  # drops > 30 % from the size before, or between the two runs, judged against
+  # a memcpy of that size measured just before its rows (--memcpy-each-size).
   for run_no in 1 2; do
     for spec in "allreduce direct,ring,tree,dbtree,rd,rabenseifner" "reduce_scatter direct,ring" \
                 "allgather direct,ring" "broadcast direct,ring,tree" "reduce direct,ring,tree"; do
       set -- $spec
-      run mpiexec -n 2 "$bench" "$1" -t shm -a "$2" -b 1M -e 256M -n 5 -w 1 -c 0 \
+      run mpiexec -n 2 "$bench" "$1" -t shm -a "$2" -b 1M -e 256M -n 5 -w 1 -c 0 --memcpy-each-size \
         --json "$out/shm-cliff-$1-$run_no.json"
       cliff+=("$out/shm-cliff-$1-$run_no.json")
     done

@@ -133,12 +133,17 @@ void check_alltoallv(std::span<const T> in, std::span<const std::size_t> send_co
 // On a shared arena `automatic` is always `direct`, whatever the sizes: the
 // arena's rounds involve every rank, so all must take it, and a choice by
 // each rank's own largest block could split them.
-template <transport C> algorithm v_schedule(const C& c, std::size_t largest_bytes, const options& o, const char* op) {
+// The two-level `hier` runs when forced (o.algo): automatic never picks it,
+// as each rank's own pick may differ and hier's messages are not pairwise.
+template <transport C> algorithm v_schedule(const C& c, std::size_t largest_bytes, const options& o, const char* op,
+                                            bool hier_ok = false) {
   if (o.algo == algorithm::pairwise || o.algo == algorithm::scattered) return o.algo;
   if (o.algo == algorithm::direct && shared_arena<C>) return o.algo;
+  if (o.algo == algorithm::hier && hier_ok) return o.algo;
+  const std::string offered = std::string(" (pairwise, scattered") + (hier_ok ? ", hier" : "") +
+                              (shared_arena<C> ? ", direct" : "") + ", auto)";
   GRADSYNC_REQUIRE(o.algo == algorithm::automatic, op, c.rank(),
-                   "algorithm '" + std::string(algorithm_name(o.algo)) + "' is not available for " + op +
-                       (shared_arena<C> ? " (pairwise, scattered, direct, auto)" : " (pairwise, scattered, auto)"));
+                   "algorithm '" + std::string(algorithm_name(o.algo)) + "' is not available for " + op + offered);
   if constexpr (shared_arena<C>) return algorithm::direct;
   return selector_for<C>(o).choose_alltoall(largest_bytes, topology_of(c, o), false);
 }
@@ -174,12 +179,13 @@ template <element T, transport C> algorithm alltoall_algorithm(const C& c, std::
 }
 
 /// The schedule `alltoallv` runs on this rank when its largest block (sent
-/// or received) is `largest_bytes`: o.algo, or for `automatic` `direct` on a
-/// shared arena (every rank must take it) and elsewhere the cheapest of
+/// or received) is `largest_bytes`: o.algo (pairwise, scattered, the
+/// two-level hier, direct on a shared arena), or for `automatic` `direct` on
+/// a shared arena (every rank must take it) and elsewhere the cheapest of
 /// pairwise and scattered by the cost model (ranks may differ: the two
 /// exchange the same messages).
 template <transport C> algorithm alltoallv_algorithm(const C& c, std::size_t largest_bytes, const options& o = {}) {
-  return detail::v_schedule(c, largest_bytes, o, "alltoallv");
+  return detail::v_schedule(c, largest_bytes, o, "alltoallv", true);
 }
 
 /// Scratch bytes `alltoall` needs on this rank for blocks of `block`
@@ -270,18 +276,20 @@ void alltoallv(C& c, std::type_identity_t<std::span<const T>> in, std::span<cons
   detail::check_alltoallv<T>(in, send_counts, send_displs, out, recv_counts, recv_displs, p, o.tag, name, c.rank());
   std::size_t largest = 0;
   for (std::size_t q = 0; q < p; ++q) largest = std::max({largest, send_counts[q], recv_counts[q]});
-  const algorithm a = detail::v_schedule(c, largest * sizeof(T), o, name);
+  const algorithm a = detail::v_schedule(c, largest * sizeof(T), o, name, true);
+  const rank_groups groups = a == algorithm::hier ? detail::hier_groups(c, o, name) : rank_groups{};
   // The fingerprint names the forced schedule, `direct` (every rank's pick on
   // a shared arena), or `automatic`: each rank's own pick of the message
-  // schedules is wire-compatible with its peers'.
-  detail::run_call(c, name,
-                   detail::fingerprint_of<T, void>(call_kind::alltoallv, 0, a == algorithm::direct ? a : o.algo),
-                   in.size_bytes(), o, [&] {
-                     const algo::exchange::layout l{reinterpret_cast<const std::byte*>(in.data()),
-                                                    reinterpret_cast<std::byte*>(out.data()), sizeof(T),
-                                                    send_counts, send_displs, recv_counts, recv_displs};
-                     detail::run_exchange(c, a, l, o.tag, name);
-                   });
+  // schedules is wire-compatible with its peers'. hier's messages follow
+  // the groups: ranks must agree on them.
+  call_fingerprint f = detail::fingerprint_of<T, void>(call_kind::alltoallv, 0, a == algorithm::direct ? a : o.algo);
+  if (a == algorithm::hier) f.codec = detail::groups_hash(groups);
+  detail::run_call(c, name, f, in.size_bytes(), o, [&] {
+    const algo::exchange::layout l{reinterpret_cast<const std::byte*>(in.data()), reinterpret_cast<std::byte*>(out.data()),
+                                   sizeof(T), send_counts, send_displs, recv_counts, recv_displs};
+    if (a == algorithm::hier) algo::alltoall_hier::run_v(c, groups, l, o.tag, policy::alltoall_window, name);
+    else detail::run_exchange(c, a, l, o.tag, name);
+  });
 }
 
 /// Alltoallv of packed blocks: block q of `in` (send_counts[q] elements,

@@ -196,6 +196,115 @@ TEST_CASE("alltoall hier: every group size on 1..16 ranks, and nodes contiguous,
       }
 }
 
+// Two-level alltoallv over `nodes` (node_of) or blocks of `group` ranks with
+// the count matrix m: every element checked; "" when right.
+std::string two_level_v(const std::vector<int>& nodes, int group, const std::function<std::size_t(int, int)>& m) {
+  const int p = static_cast<int>(nodes.size());
+  std::vector<std::string> errs(static_cast<std::size_t>(p));
+  inproc::run(p, [&](communicator& base) {
+    test::noded c{base, nodes};
+    const int r = c.rank();
+    std::string& e = errs[static_cast<std::size_t>(r)];
+    std::vector<std::size_t> sc, rc;
+    std::vector<std::int32_t> in;
+    for (int q = 0; q < p; ++q) {
+      sc.push_back(m(r, q));
+      rc.push_back(m(q, r));
+      for (std::size_t i = 0; i < m(r, q); ++i) in.push_back(static_cast<std::int32_t>(tag_of(r, q, i, p)));
+    }
+    std::size_t total = 0;
+    for (const std::size_t n : rc) total += n;
+    std::vector<std::int32_t> out(total + 2, -1);
+    options o = forced(algorithm::hier);
+    o.group_size = group;
+    alltoallv(c, std::span<const std::int32_t>(in), sc, std::span<std::int32_t>(out), rc, o);
+    std::size_t at = 0;
+    for (int q = 0; q < p && e.empty(); ++q) {
+      for (std::size_t i = 0; i < rc[static_cast<std::size_t>(q)]; ++i)
+        if (out[at + i] != static_cast<std::int32_t>(tag_of(q, r, i, p))) {
+          e = "element " + std::to_string(i) + " from rank " + std::to_string(q) + " is wrong";
+          break;
+        }
+      at += rc[static_cast<std::size_t>(q)];
+    }
+    if (e.empty() && (out[total] != -1 || out[total + 1] != -1)) e = "wrote past the received blocks";
+  });
+  for (std::size_t r = 0; r < errs.size(); ++r)
+    if (!errs[r].empty()) return "rank " + std::to_string(r) + ": " + errs[r];
+  return {};
+}
+
+TEST_CASE("alltoallv hier: every group size on 1..16 ranks, uneven nodes, skewed and sparse counts") {
+  // counts: skewed by distance, zero on the diagonal and every third pair
+  const auto skewed = [](int s, int d) { return s == d || (s + 2 * d) % 3 == 0 ? std::size_t{0} : std::size_t((s * 7 + d * 3) % 11 + 1); };
+  for (const int p : sweep_ranks)
+    for (int g = 1; g <= p; ++g) {
+      const std::string err = two_level_v(std::vector<int>(static_cast<std::size_t>(p), 0), g, skewed);
+      CHECK_MESSAGE(err.empty(), "p=" << p << " group=" << g << ": " << err);
+    }
+  const std::vector<std::vector<int>> layouts = {
+      {0, 0, 0, 0, 1, 1, 1, 1}, {0, 1, 0, 1, 0, 1, 0, 1}, {5, 5, 5, 2, 2, 9, 9, 9},
+      {0, 1, 1, 2, 2, 2, 3, 3, 3, 3}, {3, 0, 1, 2, 0, 1, 2, 3, 0, 1, 2, 3}, {0, 1, 2, 3, 4, 5, 6},
+  };
+  const auto big = [](int s, int d) { return std::size_t((s + 1) * 1000 + d * 37); };
+  const auto zeros = [](int, int) { return std::size_t{0}; };
+  const auto one_sender = [](int s, int d) { return s == 2 ? std::size_t(d + 5) : std::size_t{0}; };
+  for (const auto& nodes : layouts)
+    for (const auto& [what, m] : std::vector<std::pair<const char*, std::function<std::size_t(int, int)>>>{
+             {"skewed", skewed}, {"large", big}, {"zeros", zeros}, {"one sender", one_sender}}) {
+      const std::string err = two_level_v(nodes, 0, m);
+      CHECK_MESSAGE(err.empty(), nodes.size() << " ranks, node of rank 1 " << nodes[1] << ", " << what << ": " << err);
+    }
+}
+
+TEST_CASE("alltoallv hier: counts that disagree fail the receiving group with the pair named, inside a group and across") {
+  // Groups {0, 1} and {2, 3}. Rank 1 expects from `from` one element more
+  // and (across groups, case 2) one less from rank 2: the totals between
+  // the groups agree, and only the counts in phase B's header show it.
+  struct trial {
+    int from;
+    bool shift; // rank 1 expects one less from rank 2 (equal totals across)
+    const char* names;
+  };
+  for (const trial t : {trial{0, false, "rank 0 sends rank 1 2 elements, which expects 3"},
+                        trial{3, true, "rank 2 sends rank 1 2 elements, which expects 1"},
+                        trial{3, false, "mismatch"}}) {
+    CAPTURE(t.from);
+    CAPTURE(t.shift);
+    std::vector<std::string> what(4);
+    std::vector<int> kinds(4, -1);
+    inproc::run(4, [&](communicator& c) {
+      c.group().set_timeout(std::chrono::seconds(20));
+      const int r = c.rank();
+      std::vector<std::size_t> sc(4, 2), rc(4, 2);
+      if (r == 1) {
+        rc[static_cast<std::size_t>(t.from)] = 3;
+        if (t.shift) rc[2] = 1;
+      }
+      std::size_t total = 0;
+      for (const std::size_t n : rc) total += n;
+      std::vector<float> in(8, 1.0f), out(total);
+      options o = forced(algorithm::hier);
+      o.group_size = 2;
+      try {
+        alltoallv(c, std::span<const float>(in), sc, std::span<float>(out), rc, o);
+      } catch (const error& e) {
+        what[static_cast<std::size_t>(r)] = e.what();
+        kinds[static_cast<std::size_t>(r)] = static_cast<int>(e.kind());
+      }
+    });
+    for (const int r : {0, 1}) { // the receiving group (both ranks, inside one group too)
+      INFO("rank " << r << ": " << what[static_cast<std::size_t>(r)]);
+      CHECK(kinds[static_cast<std::size_t>(r)] == static_cast<int>(errc::mismatch));
+    }
+    CHECK_MESSAGE(what[1].find(t.names) != std::string::npos, what[1]);
+    for (const int r : {2, 3}) { // the other group: done, or failed alike where its send failed its size
+      INFO("rank " << r << ": " << what[static_cast<std::size_t>(r)]);
+      CHECK((kinds[static_cast<std::size_t>(r)] == -1 || kinds[static_cast<std::size_t>(r)] == static_cast<int>(errc::mismatch)));
+    }
+  }
+}
+
 TEST_CASE("alltoall: the model picks Bruck for small blocks on many ranks, scattered for large ones") {
   pool_of(16).run([](communicator& c) {
     CHECK(alltoall_algorithm<float>(c, 1) == algorithm::bruck);
@@ -316,8 +425,7 @@ template <class T> void alltoallv_sweep(int p, const std::string& name, const ma
     std::size_t total = 0;
     for (const std::size_t n : rc) total += n;
     std::vector<T> out(total + 3, elem<T>(255)); // room past the end stays untouched
-    options o;
-    o.algo = a;
+    options o = forced(a);
     if (dynamic) {
       std::vector<std::size_t> learned(np, 99);
       const std::size_t got = alltoallv_dynamic(c, std::span<const T>(in), sc, std::span<T>(out), std::span<std::size_t>(learned), o);
@@ -344,11 +452,12 @@ template <class T> void alltoallv_sweep(int p, const std::string& name, const ma
 TEST_CASE("alltoallv: uniform, zero, Zipf, zero-row, sparse and MoE count matrices, known and learned counts") {
   for (const int p : sweep_ranks)
     for (const auto& [name, m] : patterns(p)) {
-      for (const algorithm a : {algorithm::automatic, algorithm::pairwise, algorithm::scattered})
+      for (const algorithm a : {algorithm::automatic, algorithm::pairwise, algorithm::scattered, algorithm::hier})
         alltoallv_sweep<float>(p, name, m, a, false);
       alltoallv_sweep<float>(p, name, m, algorithm::automatic, true);
     }
   alltoallv_sweep<double>(5, "zipf", patterns(5)[2].second, algorithm::automatic, false);
+  alltoallv_sweep<half>(7, "zipf", patterns(7)[2].second, algorithm::hier, false);
   alltoallv_sweep<std::int64_t>(3, "zipf", patterns(3)[2].second, algorithm::automatic, true);
 }
 

@@ -103,12 +103,16 @@ TEST_CASE("mpi alltoallv: count matrices, known and learned, equal to MPI_Alltoa
     std::vector<int> ref(static_cast<std::size_t>(total), -2);
     MPI_Alltoallv(in.data(), sci.data(), sdi.data(), MPI_INT, ref.data(), rci.data(), rdi.data(), MPI_INT,
                   MPI_COMM_WORLD);
-    for (const algorithm a : {algorithm::automatic, algorithm::pairwise, algorithm::scattered}) {
+    // hier: on the node's one group (node_of), and on groups of 1 and 2
+    for (const auto [a, group] : {std::pair{algorithm::automatic, 0}, std::pair{algorithm::pairwise, 0},
+                                  std::pair{algorithm::scattered, 0}, std::pair{algorithm::hier, 0},
+                                  std::pair{algorithm::hier, 1}, std::pair{algorithm::hier, 2}}) {
       std::vector<int> out(static_cast<std::size_t>(total), -1);
       options o;
       o.algo = a;
+      o.group_size = group;
       alltoallv(c, std::span<const int>(in), sc, std::span<int>(out), rc, o);
-      CHECK_MESSAGE(out == ref, algorithm_name(a));
+      CHECK_MESSAGE(out == ref, algorithm_name(a) << " group " << group);
     }
     std::vector<int> dyn;
     std::vector<std::size_t> learned(np);

@@ -18,6 +18,15 @@
 // C and ~(N - 1) / g messages of g^2 blocks in B (p - 1 single blocks in a
 // flat schedule), and every byte crosses a group boundary once.
 //
+// Uneven blocks (alltoallv, run_v): the same three phases, after a phase 0
+// in which the members of each group exchange their send and receive
+// counts (one small message per member pair inside the group), so a carrier
+// knows the size of every block it forwards. Phase B's message starts with
+// its blocks' counts, which the receiving member compares with its group's
+// receive counts: ranks of different groups whose counts disagree are found
+// there (errc::mismatch, naming both ranks and both counts), and phase C
+// tells the receiving group, so every rank of it fails alike.
+//
 // B runs in steps d = 1..N-1 (group n sends to n + d, receives from n - d),
 // windowed as the scattered schedule, so a window never waits on a message
 // its peer posts in a later one. Cost (equal groups): 2 (g - 1)(alpha_in +
@@ -27,7 +36,9 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "../transport/subgroup.hpp"
@@ -201,6 +212,270 @@ void run(C& c, const rank_groups& g, const std::byte* send, std::byte* recv, std
     for (int k = 0; k < groups; ++k)
       if (k != n && k % gs == s)
         for (const int q : members(k)) copy(recv + bytes(static_cast<size_t>(q)), packed + bytes(i++));
+  }
+}
+
+/// Alltoallv over groups `g` (the same on every rank): exchange `l` (counts
+/// and displacements in elements of l.elem bytes; not in place). Scratch is
+/// allocated here once the group's counts are known (phase 0): its size
+/// depends on other ranks' counts, which no local query can know. At most
+/// `window` group steps of phase B in flight. `op` names the call in errors.
+template <transport C>
+void run_v(C& c, const rank_groups& g, const exchange::layout& l, int tag, int window, const char* op) {
+  using std::size_t;
+  using u64 = std::uint64_t;
+  const int p = c.size(), r = c.rank();
+  exchange::copy_self(l, r);
+  if (p == 1) return;
+  const place at(g, r);
+  const std::vector<int>& mine = g.members[static_cast<size_t>(at.group)];
+  const int gs = at.size, me = at.index, n = at.group, groups = g.count();
+  const size_t ugs = static_cast<size_t>(gs), up = static_cast<size_t>(p), e = l.elem;
+  auto members = [&](int k) -> const std::vector<int>& { return g.members[static_cast<size_t>(k)]; };
+  // The groups this rank carries to and receives from (k mod gs == me).
+  auto mine_to_carry = [&](int k) { return k != n && k % gs == me; };
+
+  // Phase 0: every member's send and receive counts, rows of 2p.
+  std::vector<u64> counts(ugs * 2 * up);
+  auto sent = [&](int s, int q) -> u64 { return counts[static_cast<size_t>(s) * 2 * up + static_cast<size_t>(q)]; };
+  auto expects = [&](int t, int q) -> u64 {
+    return counts[static_cast<size_t>(t) * 2 * up + up + static_cast<size_t>(q)];
+  };
+  for (size_t q = 0; q < up; ++q) {
+    counts[static_cast<size_t>(me) * 2 * up + q] = l.send_counts[q];
+    counts[static_cast<size_t>(me) * 2 * up + up + q] = l.recv_counts[q];
+  }
+  auto row = [&](int s) { return std::as_writable_bytes(std::span<u64>(counts.data() + static_cast<size_t>(s) * 2 * up, 2 * up)); };
+  {
+    exchange::pending<C> step;
+    for (int k = 1; k < gs; ++k) {
+      const int to = (me + k) % gs, from = (me - k + gs) % gs;
+      step.recvs.push_back(c.irecv(row(from), mine[static_cast<size_t>(from)], tag));
+      step.sends.push_back(c.isend(std::span<const std::byte>(row(me)), mine[static_cast<size_t>(to)], tag));
+    }
+    step.wait();
+  }
+  // Two ranks whose counts disagree: what the first difference seen says.
+  // The schedule still runs to its end with sizes every peer expects (no
+  // rank is left waiting), and then fails: pairs inside the group now (every
+  // member sees the same rows, so all fail alike), pairs of two groups in
+  // phase B (phase C then tells the receiving group).
+  std::string wrong;
+  auto disagree = [&](int from, int to, u64 sends, u64 expected) {
+    if (wrong.empty())
+      wrong = "rank " + std::to_string(from) + " sends rank " + std::to_string(to) + " " + std::to_string(sends) +
+              " elements, which expects " + std::to_string(expected);
+  };
+  for (int s = 0; s < gs; ++s)
+    for (int t = 0; t < gs; ++t)
+      if (sent(s, mine[static_cast<size_t>(t)]) != expects(t, mine[static_cast<size_t>(s)]))
+        disagree(mine[static_cast<size_t>(s)], mine[static_cast<size_t>(t)], sent(s, mine[static_cast<size_t>(t)]),
+                 expects(t, mine[static_cast<size_t>(s)]));
+
+  // A: to member j, this rank's block for j, then its blocks for the ranks
+  // of the groups j carries (group order, member order).
+  auto part_elems = [&](int s, int j) { // what member s sends member j in phase A
+    u64 m = sent(s, mine[static_cast<size_t>(j)]);
+    for (int k = 0; k < groups; ++k)
+      if (k != n && k % gs == j)
+        for (const int q : members(k)) m += sent(s, q);
+    return m;
+  };
+  std::vector<std::vector<std::byte>> out_a(ugs), in_a(ugs);
+  {
+    exchange::pending<C> step;
+    for (int k = 1; k < gs; ++k) {
+      const int to = (me + k) % gs, from = (me - k + gs) % gs;
+      auto& in = in_a[static_cast<size_t>(from)];
+      in.resize(static_cast<size_t>(part_elems(from, me)) * e);
+      step.recvs.push_back(c.irecv(std::span<std::byte>(in), mine[static_cast<size_t>(from)], tag));
+      auto& out = out_a[static_cast<size_t>(to)];
+      out.resize(static_cast<size_t>(part_elems(me, to)) * e);
+      std::byte* w = out.data();
+      auto put = [&](int q) {
+        const size_t b = l.send_bytes(q);
+        if (b != 0) std::memcpy(w, l.send_at(q), b);
+        w += b;
+      };
+      put(mine[static_cast<size_t>(to)]);
+      for (int k2 = 0; k2 < groups; ++k2)
+        if (k2 != n && k2 % gs == to)
+          for (const int q : members(k2)) put(q);
+      step.sends.push_back(c.isend(std::span<const std::byte>(out), mine[static_cast<size_t>(to)], tag));
+    }
+    step.wait();
+  }
+  // The group's blocks for this rank are final.
+  for (int s = 0; s < gs && wrong.empty(); ++s)
+    if (s != me) {
+      const size_t b = l.recv_bytes(mine[static_cast<size_t>(s)]);
+      if (b != 0) std::memcpy(l.recv_at(mine[static_cast<size_t>(s)]), in_a[static_cast<size_t>(s)].data(), b);
+    }
+  // Where member s's blocks for the carried groups start in what it sent.
+  auto carried_from = [&](int s) -> const std::byte* {
+    return s == me ? nullptr : in_a[static_cast<size_t>(s)].data() + static_cast<size_t>(sent(s, mine[static_cast<size_t>(me)])) * e;
+  };
+
+  // B, step d: to group n + d (if this rank carries it): a header of
+  // |k| x gs counts (destination member, then source member), then the
+  // blocks in that order; from group n - d (if this rank receives for it).
+  std::vector<std::vector<std::byte>> out_b(static_cast<size_t>(groups)), in_b(static_cast<size_t>(groups));
+  {
+    // Cursor into each member's carried blocks, walking groups in order.
+    std::vector<const std::byte*> cursor(ugs);
+    for (int s = 0; s < gs; ++s) cursor[static_cast<size_t>(s)] = carried_from(s);
+    for (int k = 0; k < groups; ++k) {
+      if (!mine_to_carry(k)) continue;
+      const auto& them = members(k);
+      const size_t hdr = them.size() * ugs * sizeof(u64);
+      u64 total = 0;
+      for (const int t : them)
+        for (int s = 0; s < gs; ++s) total += sent(s, t);
+      auto& out = out_b[static_cast<size_t>(k)];
+      out.resize(hdr + static_cast<size_t>(total) * e);
+      // Blocks of member s for group k, in k's member order, start at cursor[s].
+      std::vector<std::vector<const std::byte*>> from(ugs, std::vector<const std::byte*>(them.size()));
+      for (int s = 0; s < gs; ++s)
+        for (size_t t = 0; t < them.size(); ++t) {
+          if (s == me) {
+            from[static_cast<size_t>(s)][t] = l.send_at(them[t]);
+          } else {
+            from[static_cast<size_t>(s)][t] = cursor[static_cast<size_t>(s)];
+            cursor[static_cast<size_t>(s)] += static_cast<size_t>(sent(s, them[t])) * e;
+          }
+        }
+      std::byte* w = out.data() + hdr;
+      size_t i = 0;
+      for (size_t t = 0; t < them.size(); ++t)
+        for (int s = 0; s < gs; ++s, ++i) {
+          const u64 m = sent(s, them[t]);
+          std::memcpy(out.data() + i * sizeof(u64), &m, sizeof m);
+          const size_t b = static_cast<size_t>(m) * e;
+          if (b != 0) std::memcpy(w, from[static_cast<size_t>(s)][t], b);
+          w += b;
+        }
+    }
+  }
+  window = std::max(1, window);
+  for (int d0 = 1; d0 < groups; d0 += window) {
+    exchange::pending<C> batch;
+    for (int d = d0; d < std::min(groups, d0 + window); ++d) {
+      const int dst = (n + d) % groups, src = (n - d + groups) % groups;
+      if (mine_to_carry(src)) {
+        const auto& them = members(src);
+        const int sender = them[static_cast<size_t>(n % static_cast<int>(them.size()))];
+        u64 total = 0;
+        for (int t = 0; t < gs; ++t)
+          for (const int s : them) total += expects(t, s);
+        auto& in = in_b[static_cast<size_t>(src)];
+        in.resize(ugs * them.size() * sizeof(u64) + static_cast<size_t>(total) * e);
+        batch.recvs.push_back(c.irecv(std::span<std::byte>(in), sender, tag));
+      }
+      if (mine_to_carry(dst)) {
+        const auto& them = members(dst);
+        const int receiver = them[static_cast<size_t>(n % static_cast<int>(them.size()))];
+        batch.sends.push_back(c.isend(std::span<const std::byte>(out_b[static_cast<size_t>(dst)]), receiver, tag));
+      }
+    }
+    try {
+      batch.wait();
+    } catch (const error& x) { // a size mismatch: this group learns it in phase C
+      if (x.kind() != errc::mismatch) throw;
+      if (wrong.empty()) wrong = x.reason();
+    }
+  }
+  // The counts of what arrived against what this group expects.
+  for (int k = 0; k < groups && wrong.empty(); ++k) {
+    if (!mine_to_carry(k)) continue;
+    const auto& them = members(k);
+    size_t i = 0;
+    for (int t = 0; t < gs; ++t)
+      for (size_t s = 0; s < them.size(); ++s, ++i) {
+        u64 m;
+        std::memcpy(&m, in_b[static_cast<size_t>(k)].data() + i * sizeof(u64), sizeof m);
+        if (m != expects(t, them[s])) disagree(them[s], mine[static_cast<size_t>(t)], m, expects(t, them[s]));
+      }
+  }
+
+  // C: member t gets a status word (0: the counts agreed), then the blocks
+  // for it from every group this rank received, group by group, each in
+  // source member order; this rank's own land directly.
+  auto blocks_of = [&](int k, int t) { // group k's blocks for member t, in what arrived from k
+    const auto& them = members(k);
+    const std::byte* b = in_b[static_cast<size_t>(k)].data() + ugs * them.size() * sizeof(u64);
+    for (int t2 = 0; t2 < t; ++t2)
+      for (const int s : them) b += static_cast<size_t>(expects(t2, s)) * e;
+    return b;
+  };
+  std::vector<std::vector<std::byte>> out_c(ugs), in_c(ugs);
+  const u64 status = wrong.empty() ? 0 : 1;
+  for (int t = 0; t < gs; ++t) {
+    if (t == me) {
+      if (!wrong.empty()) continue;
+      for (int k = 0; k < groups; ++k)
+        if (mine_to_carry(k)) {
+          const std::byte* b = blocks_of(k, me);
+          for (const int s : members(k)) {
+            const size_t m = l.recv_bytes(s);
+            if (m != 0) std::memcpy(l.recv_at(s), b, m);
+            b += m;
+          }
+        }
+      continue;
+    }
+    u64 total = 0;
+    for (int k = 0; k < groups; ++k)
+      if (mine_to_carry(k))
+        for (const int s : members(k)) total += expects(t, s);
+    auto& out = out_c[static_cast<size_t>(t)];
+    out.resize(sizeof(u64) + static_cast<size_t>(total) * e); // full size even when failed: sizes stay matched
+    std::memcpy(out.data(), &status, sizeof status);
+    if (status) continue;
+    std::byte* w = out.data() + sizeof(u64);
+    for (int k = 0; k < groups; ++k)
+      if (mine_to_carry(k)) {
+        const size_t b = [&] {
+          size_t sum = 0;
+          for (const int s : members(k)) sum += static_cast<size_t>(expects(t, s)) * e;
+          return sum;
+        }();
+        if (b != 0) std::memcpy(w, blocks_of(k, t), b);
+        w += b;
+      }
+  }
+  {
+    exchange::pending<C> step;
+    for (int k = 1; k < gs; ++k) {
+      const int to = (me + k) % gs, from = (me - k + gs) % gs;
+      size_t bytes = 0; // what member `from` receives for this rank
+      for (int k2 = 0; k2 < groups; ++k2)
+        if (k2 != n && k2 % gs == from)
+          for (const int s : members(k2)) bytes += l.recv_bytes(s);
+      auto& in = in_c[static_cast<size_t>(from)];
+      in.resize(sizeof(u64) + bytes);
+      step.recvs.push_back(c.irecv(std::span<std::byte>(in), mine[static_cast<size_t>(from)], tag));
+      step.sends.push_back(c.isend(std::span<const std::byte>(out_c[static_cast<size_t>(to)]), mine[static_cast<size_t>(to)], tag));
+    }
+    step.wait();
+  }
+  if (!wrong.empty()) throw error(errc::mismatch, op, r, -1, wrong);
+  for (int s = 0; s < gs; ++s) {
+    if (s == me) continue;
+    const auto& in = in_c[static_cast<size_t>(s)];
+    u64 st;
+    std::memcpy(&st, in.data(), sizeof st);
+    if (st != 0)
+      throw error(errc::mismatch, op, r, mine[static_cast<size_t>(s)],
+                  "rank " + std::to_string(mine[static_cast<size_t>(s)]) +
+                      " received counts from another group that disagree with its receivers' (its error names them)");
+    const std::byte* b = in.data() + sizeof(u64);
+    for (int k = 0; k < groups; ++k)
+      if (k != n && k % gs == s)
+        for (const int q : members(k)) {
+          const size_t m = l.recv_bytes(q);
+          if (m != 0) std::memcpy(l.recv_at(q), b, m);
+          b += m;
+        }
   }
 }
 
