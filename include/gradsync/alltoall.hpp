@@ -519,15 +519,22 @@ public:
     GRADSYNC_REQUIRE(send_counts.size() == p && recv_counts.size() == p, name, rank_,
                      std::to_string(send_counts.size()) + " send and " + std::to_string(recv_counts.size()) +
                          " receive counts for " + std::to_string(p) + " ranks (one per rank each)");
-    GRADSYNC_REQUIRE(o.algo == algorithm::automatic || detail::exchange_schedule<C>(o.algo, false), name, rank_,
+    GRADSYNC_REQUIRE(o.algo == algorithm::automatic || o.algo == algorithm::hier ||
+                         detail::exchange_schedule<C>(o.algo, false),
+                     name, rank_,
                      "algorithm '" + std::string(algorithm_name(o.algo)) + "' is not available for a plan " +
-                         (shared_arena<C> ? "(pairwise, scattered, direct, auto)" : "(pairwise, scattered, auto)"));
+                         (shared_arena<C> ? "(pairwise, scattered, hier, direct, auto)" : "(pairwise, scattered, hier, auto)"));
     assign(send_counts, recv_counts);
     for (int q = 0; q < ranks_; ++q) {
       sources_.push_back(q);
       destinations_.push_back(q);
     }
     agree(c, o);
+    if (algo_ == algorithm::hier) { // the groups' counts once: run() skips hier's phase 0
+      groups_ = detail::hier_groups(c, o, name);
+      agree_groups(c, o);
+      group_counts_ = algo::alltoall_hier::exchange_counts(c, groups_, send_counts_, recv_counts_, o.tag + 1);
+    }
   }
 
   /// A neighbour plan over graph `g` (counts per entry of its lists).
@@ -581,7 +588,7 @@ public:
     GRADSYNC_REQUIRE(!detail::overlaps(in, out), name, r, "input and output overlap (the exchange is not in place)");
     const algo::exchange::layout l{in.data(), out.data(), 1, send_bytes, sd, recv_bytes, rd};
     const scoped_timeout guard(c, timeout_);
-    move(c, name, l, back, schedule(c, name, largest_bytes), static_cast<std::uint8_t>(dt), 0, salt, total_in);
+    move(c, name, l, back, schedule(c, name, largest_bytes), static_cast<std::uint8_t>(dt), 0, salt, total_in, false);
   }
 
   /// Items this rank sends / receives in one forward run.
@@ -697,6 +704,18 @@ private:
     largest_ = static_cast<std::size_t>(all[4]);
   }
 
+  // hier: every rank must hold the same groups (their layout's hash, min and
+  // max over the ranks), else all fail alike before any count is exchanged.
+  template <transport C> void agree_groups(C& c, const options& o) {
+    const options q{.algo = algorithm::rd, .tag = o.tag, .timeout = o.timeout};
+    const auto h = static_cast<std::int64_t>(detail::groups_hash(groups_) >> 1);
+    std::int64_t lo_hi[2] = {h, -h};
+    allreduce(c, std::span<std::int64_t>(lo_hi, 2), op::min{}, q);
+    if (lo_hi[0] != -lo_hi[1])
+      throw error(errc::mismatch, "exchange_plan", rank_, -1,
+                  "the ranks disagree on hier's groups (options::group_size or the transport's nodes)");
+  }
+
   template <transport C> void check_comm(const C& c, const char* name) const {
     GRADSYNC_REQUIRE(c.size() == ranks_ && c.rank() == rank_, name, c.rank(),
                      "the plan was made for rank " + std::to_string(rank_) + " of " + std::to_string(ranks_) +
@@ -706,7 +725,7 @@ private:
   // The schedule for blocks of at most `largest` bytes (a graph: scattered).
   template <transport C> algorithm schedule(const C& c, const char* name, std::size_t largest) const {
     const algorithm a = graph_ ? algorithm::scattered : algo_ != algorithm::automatic ? algo_ : choose<C>(c, largest);
-    GRADSYNC_REQUIRE(detail::exchange_schedule<C>(a, false), name, c.rank(),
+    GRADSYNC_REQUIRE(a == algorithm::hier || detail::exchange_schedule<C>(a, false), name, c.rank(),
                      "algorithm '" + std::string(algorithm_name(a)) + "' cannot run on this transport");
     return a;
   }
@@ -716,7 +735,7 @@ private:
   // with the direction and `salt`.
   template <transport C>
   void move(C& c, const char* name, const algo::exchange::layout& l, bool back, algorithm a, std::uint8_t dt,
-            std::size_t count, std::uint64_t salt, std::size_t bytes) const {
+            std::size_t count, std::uint64_t salt, std::size_t bytes, bool items = true) const {
     call_fingerprint f;
     f.kind = graph_ ? call_kind::neighbor_alltoallv : call_kind::alltoallv;
     f.dt = dt;
@@ -731,6 +750,8 @@ private:
       const auto& to = back ? sources_ : destinations_;
       const auto& from = back ? destinations_ : sources_;
       if (graph_) algo::neighbor_exchange::run(c, std::span<const int>(from), std::span<const int>(to), l, tag_);
+      else if (a == algorithm::hier) // counts in items: the plan's own; in bytes (encoded): exchanged again
+        algo::alltoall_hier::run_v(c, groups_, l, tag_, policy::alltoall_window, name, items ? &group_counts_ : nullptr, back);
       else detail::run_exchange(c, a, l, tag_, name);
     });
   }
@@ -772,6 +793,8 @@ private:
   std::vector<std::size_t> send_counts_, recv_counts_, send_displs_, recv_displs_;
   std::size_t send_total_ = 0, recv_total_ = 0, largest_ = 0;
   std::uint64_t id_ = 0;
+  rank_groups groups_;                                 // hier's groups
+  algo::alltoall_hier::group_counts group_counts_;     // hier: the group's counts, fixed at creation
 };
 
 } // namespace gradsync

@@ -171,12 +171,15 @@ encoded_run alltoallv_encoded(C& c, std::type_identity_t<std::span<const T>> in,
     }
     done.sent_bytes = out_bytes;
     const std::vector<std::size_t> sbd = detail::packed(sb), rbd = detail::packed(rb);
-    const algorithm a = detail::v_schedule(c, largest, o, name);
+    const algorithm a = detail::v_schedule(c, largest, o, name, true);
+    const rank_groups groups = a == algorithm::hier ? detail::hier_groups(c, o, name) : rank_groups{};
     call_fingerprint f = detail::fingerprint_of<T, void>(call_kind::alltoallv, 0, a == algorithm::direct ? a : o.algo);
     f.codec = compress::spec_hash(detail::fnv_basis, codec);
+    if (a == algorithm::hier) f.codec ^= detail::groups_hash(groups);
     detail::run_call(c, name, f, out_bytes, o, [&] {
       const algo::exchange::layout l{wire_out.data(), wire_in.data(), 1, sb, sbd, rb, rbd};
-      detail::run_exchange(c, a, l, o.tag, name);
+      if (a == algorithm::hier) algo::alltoall_hier::run_v(c, groups, l, o.tag, policy::alltoall_window, name);
+      else detail::run_exchange(c, a, l, o.tag, name);
     });
     at = 0;
     for (std::size_t q = 0; q < p; ++q) {

@@ -305,6 +305,15 @@ TEST_CASE("alltoallv hier: counts that disagree fail the receiving group with th
   }
 }
 
+TEST_CASE("exchange_plan hier: ranks that disagree on the groups all fail at creation") {
+  test::expect_all_fail(4, errc::mismatch, "groups", [](communicator& c) {
+    const std::vector<std::size_t> counts(4, 2);
+    options o = forced(algorithm::hier);
+    o.group_size = c.rank() == 3 ? 4 : 2;
+    const exchange_plan plan(c, counts, counts, o);
+  });
+}
+
 TEST_CASE("alltoall: the model picks Bruck for small blocks on many ranks, scattered for large ones") {
   pool_of(16).run([](communicator& c) {
     CHECK(alltoall_algorithm<float>(c, 1) == algorithm::bruck);
@@ -550,9 +559,11 @@ TEST_CASE("neighbor_alltoallv: rings, torus, exponential graph, self edges, unev
 }
 
 TEST_CASE("exchange_plan: forwards then backwards restores the input; several dtypes and widths on one plan") {
+  // automatic, and hier over groups of 3 (its group counts fixed at creation)
+  for (const algorithm a : {algorithm::automatic, algorithm::hier})
   for (const int p : sweep_ranks)
     for (const auto& [name, m] : patterns(p)) {
-      INFO("p=" << p << " pattern=" << name);
+      INFO("p=" << p << " pattern=" << name << " schedule=" << algorithm_name(a));
       const std::string err = on_ranks(p, [&](communicator& c, std::string& e) {
         const int r = c.rank();
         std::vector<std::size_t> sc, rc;
@@ -560,7 +571,7 @@ TEST_CASE("exchange_plan: forwards then backwards restores the input; several dt
           sc.push_back(m(r, q));
           rc.push_back(m(q, r));
         }
-        const exchange_plan plan(c, sc, rc);
+        const exchange_plan plan(c, sc, rc, forced(a));
         for (const std::size_t width : {std::size_t{1}, std::size_t{4}}) {
           std::vector<float> tokens(plan.send_items() * width), got(plan.recv_items() * width),
               back(plan.send_items() * width);

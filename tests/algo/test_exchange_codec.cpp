@@ -62,7 +62,8 @@ template <class T> std::vector<T> block_of(int s, int d, std::size_t n) {
 
 // Runs an alltoallv plan (graph: a directed ring r -> r+1, r -> r+2)
 // forwards and backwards with `codec`; "" when every element matched.
-template <class T> std::string check_plan(int p, const std::string& codec, bool graph, std::size_t width) {
+template <class T>
+std::string check_plan(int p, const std::string& codec, bool graph, std::size_t width, int hier_group = 0) {
   const compress::spec s = compress::parse_spec(codec);
   std::vector<std::string> errs(static_cast<std::size_t>(p));
   inproc::run(p, [&](communicator& c) {
@@ -81,7 +82,9 @@ template <class T> std::string check_plan(int p, const std::string& codec, bool 
     std::vector<std::size_t> sc, rc;
     for (const int q : to) sc.push_back(items(r, q, p));
     for (const int q : from) rc.push_back(items(q, r, p));
-    const exchange_plan plan = graph ? exchange_plan(c, neighbors{from, to}, sc, rc) : exchange_plan(c, sc, rc);
+    options o; // hier_group > 0: the plan runs the two-level schedule over groups of that size
+    if (hier_group > 0) o.algo = algorithm::hier, o.group_size = hier_group;
+    const exchange_plan plan = graph ? exchange_plan(c, neighbors{from, to}, sc, rc) : exchange_plan(c, sc, rc, o);
     // Forwards: the blocks for `to` packed; backwards: the same blocks sent back.
     for (const bool back : {false, true}) {
       const auto& dst = back ? from : to;
@@ -131,13 +134,16 @@ TEST_CASE("encoded exchange: every block is the codec's decode(encode(block)), r
         CHECK_MESSAGE(check_plan<float>(p, codec, graph, 1).empty(), codec << " p=" << p << " graph=" << graph);
       }
   CHECK(check_plan<half>(3, "int8", false, 4).empty());
+  // a hier plan: the encoded sizes are not the plan's counts, so each run exchanges the group's first
+  for (const int p : {1, 3, 4, 7})
+    for (const int g : {1, 2, 3}) CHECK_MESSAGE(check_plan<float>(p, "int8", false, 3, g).empty(), "hier p=" << p << " g=" << g);
   CHECK(check_plan<bfloat16>(3, "fp16", true, 2).empty());
 }
 
 TEST_CASE("encoded alltoall and alltoallv: decode(encode(block)) from every rank, ranks 1..7, every schedule") {
   for (const char* codec : {"fp16", "bf16", "int8", "int4:block=16", "sign"})
     for (const int p : {1, 2, 3, 4, 7})
-      for (const algorithm a : {algorithm::automatic, algorithm::pairwise, algorithm::scattered}) {
+      for (const algorithm a : {algorithm::automatic, algorithm::pairwise, algorithm::scattered, algorithm::hier}) {
         const compress::spec s = compress::parse_spec(codec);
         std::vector<std::string> errs(static_cast<std::size_t>(p));
         inproc::run(p, [&](communicator& c) {
@@ -156,6 +162,7 @@ TEST_CASE("encoded alltoall and alltoallv: decode(encode(block)) from every rank
           std::vector<float> out(total, -7.0f);
           options o;
           o.algo = a;
+          o.group_size = 2; // hier's groups
           alltoallv_encoded<float>(c, in, sc, std::span<float>(out), rc, s, o);
           std::size_t at = 0;
           for (int q = 0; q < p && e.empty(); ++q) {

@@ -215,13 +215,64 @@ void run(C& c, const rank_groups& g, const std::byte* send, std::byte* recv, std
   }
 }
 
-/// Alltoallv over groups `g` (the same on every rank): exchange `l` (counts
-/// and displacements in elements of l.elem bytes; not in place). Scratch is
-/// allocated here once the group's counts are known (phase 0): its size
-/// depends on other ranks' counts, which no local query can know. At most
-/// `window` group steps of phase B in flight. `op` names the call in errors.
+/// The counts of an alltoallv over groups `g` that every member of this
+/// rank's group sees (phase 0 of run_v): member s's row is its p send counts
+/// then its p receive counts. A plan exchanges them once (its counts are
+/// fixed) and passes them to every run_v.
+struct group_counts {
+  std::vector<std::uint64_t> rows; // (group size) x 2p
+  std::size_t p = 0;
+
+  /// Member s's count for rank q: sent (or, `back`, received: a plan run
+  /// backwards swaps the two).
+  std::uint64_t sent(int s, int q, bool back = false) const { return rows[at(s, back ? p : 0, q)]; }
+  std::uint64_t expects(int t, int q, bool back = false) const { return rows[at(t, back ? 0 : p, q)]; }
+
+private:
+  std::size_t at(int s, std::size_t half, int q) const {
+    return static_cast<std::size_t>(s) * 2 * p + half + static_cast<std::size_t>(q);
+  }
+};
+
+/// Phase 0 of run_v on its own: this rank's counts (elements) to every
+/// member of its group and theirs back (g - 1 messages of 2p counts each way).
 template <transport C>
-void run_v(C& c, const rank_groups& g, const exchange::layout& l, int tag, int window, const char* op) {
+group_counts exchange_counts(C& c, const rank_groups& g, std::span<const std::size_t> send_counts,
+                             std::span<const std::size_t> recv_counts, int tag) {
+  using std::size_t;
+  const int p = c.size();
+  const place at(g, c.rank());
+  const std::vector<int>& mine = g.members[static_cast<size_t>(at.group)];
+  const int gs = at.size, me = at.index;
+  const size_t up = static_cast<size_t>(p);
+  group_counts k{std::vector<std::uint64_t>(static_cast<size_t>(gs) * 2 * up), up};
+  auto row = [&](int s) {
+    return std::as_writable_bytes(std::span<std::uint64_t>(k.rows.data() + static_cast<size_t>(s) * 2 * up, 2 * up));
+  };
+  for (size_t q = 0; q < up; ++q) {
+    k.rows[static_cast<size_t>(me) * 2 * up + q] = send_counts[q];
+    k.rows[static_cast<size_t>(me) * 2 * up + up + q] = recv_counts[q];
+  }
+  exchange::pending<C> step;
+  for (int d = 1; d < gs; ++d) {
+    const int to = (me + d) % gs, from = (me - d + gs) % gs;
+    step.recvs.push_back(c.irecv(row(from), mine[static_cast<size_t>(from)], tag));
+    step.sends.push_back(c.isend(std::span<const std::byte>(row(me)), mine[static_cast<size_t>(to)], tag));
+  }
+  step.wait();
+  return k;
+}
+
+/// Alltoallv over groups `g` (the same on every rank): exchange `l` (counts
+/// and displacements in elements of l.elem bytes; not in place). `known`:
+/// the group's counts from exchange_counts (a plan's, matching l's counts;
+/// `back`: l runs them backwards), or null to exchange them first (phase 0). Scratch is allocated here: its
+/// size depends on other ranks' counts, which no local query can know. At
+/// most `window` group steps of phase B in flight. `op` names the call in
+/// errors.
+template <transport C>
+void run_v(C& c, const rank_groups& g, const exchange::layout& l, int tag, int window, const char* op,
+           const group_counts* known = nullptr, bool back = false) {
   using std::size_t;
   using u64 = std::uint64_t;
   const int p = c.size(), r = c.rank();
@@ -230,31 +281,18 @@ void run_v(C& c, const rank_groups& g, const exchange::layout& l, int tag, int w
   const place at(g, r);
   const std::vector<int>& mine = g.members[static_cast<size_t>(at.group)];
   const int gs = at.size, me = at.index, n = at.group, groups = g.count();
-  const size_t ugs = static_cast<size_t>(gs), up = static_cast<size_t>(p), e = l.elem;
+  const size_t ugs = static_cast<size_t>(gs), e = l.elem;
   auto members = [&](int k) -> const std::vector<int>& { return g.members[static_cast<size_t>(k)]; };
   // The groups this rank carries to and receives from (k mod gs == me).
   auto mine_to_carry = [&](int k) { return k != n && k % gs == me; };
 
-  // Phase 0: every member's send and receive counts, rows of 2p.
-  std::vector<u64> counts(ugs * 2 * up);
-  auto sent = [&](int s, int q) -> u64 { return counts[static_cast<size_t>(s) * 2 * up + static_cast<size_t>(q)]; };
-  auto expects = [&](int t, int q) -> u64 {
-    return counts[static_cast<size_t>(t) * 2 * up + up + static_cast<size_t>(q)];
-  };
-  for (size_t q = 0; q < up; ++q) {
-    counts[static_cast<size_t>(me) * 2 * up + q] = l.send_counts[q];
-    counts[static_cast<size_t>(me) * 2 * up + up + q] = l.recv_counts[q];
-  }
-  auto row = [&](int s) { return std::as_writable_bytes(std::span<u64>(counts.data() + static_cast<size_t>(s) * 2 * up, 2 * up)); };
-  {
-    exchange::pending<C> step;
-    for (int k = 1; k < gs; ++k) {
-      const int to = (me + k) % gs, from = (me - k + gs) % gs;
-      step.recvs.push_back(c.irecv(row(from), mine[static_cast<size_t>(from)], tag));
-      step.sends.push_back(c.isend(std::span<const std::byte>(row(me)), mine[static_cast<size_t>(to)], tag));
-    }
-    step.wait();
-  }
+  // Phase 0: every member's send and receive counts.
+  group_counts fresh;
+  if (!known) fresh = exchange_counts(c, g, l.send_counts, l.recv_counts, tag);
+  const group_counts& counts = known ? *known : fresh;
+  const bool swap = known && back;
+  auto sent = [&](int s, int q) -> u64 { return counts.sent(s, q, swap); };
+  auto expects = [&](int t, int q) -> u64 { return counts.expects(t, q, swap); };
   // Two ranks whose counts disagree: what the first difference seen says.
   // The schedule still runs to its end with sizes every peer expects (no
   // rank is left waiting), and then fails: pairs inside the group now (every
