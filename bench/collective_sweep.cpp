@@ -401,7 +401,11 @@ std::int64_t sweep_op(C& c, const config& cfg, const selector& sel, report& rep)
     const iteration_plan plan = plan_iterations(s.bytes, cfg.iters, cfg.warmup);
     if (cfg.memcpy_each_size) { // the memory's own speed at this size, now: nothing else runs
       barrier(c);
-      if (r == 0) rep.add_memcpy(measure_memcpy(s.bytes), row{cfg.name, cfg.transport, p});
+      row like;
+      like.collective = cfg.name;
+      like.transport = cfg.transport;
+      like.ranks = p;
+      if (r == 0) rep.add_memcpy(measure_memcpy(s.bytes), like);
       barrier(c);
     }
     for (const auto& a : cfg.algos) {

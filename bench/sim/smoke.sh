@@ -1,7 +1,8 @@
 #!/bin/sh
 # The simulator build's regression run (meson test sim-smpi): 16 simulated
 # ranks on the shared-NIC platform (two nodes of 8), three sizes, every
-# schedule of every collective and of alltoall, every result checked (-c 1:
+# schedule of every collective, of alltoall and of alltoallv (MoE counts),
+# every result checked (-c 1:
 # private buffers, the bench exits non-zero on any wrong element).
 #   bench/sim/smoke.sh BIN
 set -eu
@@ -33,3 +34,4 @@ run allgather -a auto,ring,bruck,rd,hier,native
 run broadcast -a auto,ring,tree,scatter_allgather,hier,native
 run reduce -a auto,ring,tree,hier,native
 run alltoall -a auto,pairwise,scattered,bruck,hier,native
+run alltoallv -a auto,pairwise,scattered,hier,native --pattern moe
