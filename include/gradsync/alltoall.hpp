@@ -507,6 +507,8 @@ void neighbor_alltoallv(C& c, const neighbors& g, std::type_identity_t<std::span
 /// disagrees. It keeps the displacements and picks the schedule; run() then
 /// only moves data. Counts are in items; run() moves `width` elements per
 /// item (a token's hidden vector), so one plan serves several dtypes.
+/// `automatic` picks per run by the agreed largest block, with o.select (kept
+/// by pointer: it must outlive the plan) and o.group_size as given here.
 class exchange_plan {
 public:
   /// An alltoallv plan: send_counts[q] items to rank q, recv_counts[q] from it.
@@ -530,10 +532,19 @@ public:
       destinations_.push_back(q);
     }
     agree(c, o);
-    if (algo_ == algorithm::hier) { // the groups' counts once: run() skips hier's phase 0
+    select_ = o.select;
+    group_size_ = o.group_size;
+    // hier forced, or a candidate of `automatic` (several groups of several
+    // ranks, no shared arena): the groups' counts once, so run() skips hier's
+    // phase 0, and every rank decides on the same agreed largest block.
+    const topology t = topology_of(c, o);
+    const bool candidate = algo_ == algorithm::automatic && !detail::arena_for<C, exec::host> && t.groups > 1 &&
+                           t.group_size > 1 && (o.group_size > 0 || node_aware<C>);
+    if (algo_ == algorithm::hier || candidate) {
       groups_ = detail::hier_groups(c, o, name);
       agree_groups(c, o);
       group_counts_ = algo::alltoall_hier::exchange_counts(c, groups_, send_counts_, recv_counts_, o.tag + 1);
+      hier_ready_ = true;
     }
   }
 
@@ -606,6 +617,13 @@ public:
   std::span<const int> destinations() const noexcept { return destinations_; }
   /// The same id on every rank of the plan (a hash of every rank's counts).
   std::uint64_t id() const noexcept { return id_; }
+  /// The schedule run() takes for items of `item_bytes` (elements x width x
+  /// their size): the forced one, or automatic's pick for the agreed largest
+  /// block (the same on every rank; hier among the candidates where the
+  /// ranks form several groups of several ranks).
+  template <transport C> algorithm algorithm_for(const C& c, std::size_t item_bytes) const {
+    return schedule(c, "exchange_plan", largest_ * item_bytes);
+  }
 
   /// Runs the exchange forwards: `in` holds send_items() x width elements
   /// (packed per destination), `out` receives recv_items() x width.
@@ -782,7 +800,8 @@ private:
   }
 
   template <transport C> algorithm choose(const C& c, std::size_t bytes) const {
-    return detail::selector_for<C>(options{}).choose_alltoall(bytes, topology_of(c), false);
+    const options o{.select = select_, .group_size = group_size_};
+    return detail::selector_for<C>(o).choose_alltoall(bytes, topology_of(c, o), false, hier_ready_);
   }
 
   int ranks_ = 0, rank_ = 0, tag_ = 0;
@@ -795,6 +814,9 @@ private:
   std::uint64_t id_ = 0;
   rank_groups groups_;                                 // hier's groups
   algo::alltoall_hier::group_counts group_counts_;     // hier: the group's counts, fixed at creation
+  bool hier_ready_ = false;                            // groups_ and group_counts_ hold them
+  const selector* select_ = nullptr;                   // options::select at creation (automatic's model)
+  int group_size_ = 0;                                 // options::group_size at creation
 };
 
 } // namespace gradsync

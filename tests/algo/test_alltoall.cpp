@@ -305,6 +305,52 @@ TEST_CASE("alltoallv hier: counts that disagree fail the receiving group with th
   }
 }
 
+TEST_CASE("exchange_plan automatic: hier on a network of several nodes (the agreed largest block), never on one") {
+  // 8 ranks per node, 30 us per message across nodes that a window does not
+  // overlap (latency 0): each remote peer costs a scattered exchange 30 us,
+  // hier one message per node pair.
+  cost_model m;
+  m.local = link_cost{1e-6, 1e-10, 0, 1e-6};
+  m.global = link_cost{30e-6, 1e-9, 0, 0};
+  m.nic_share = 8;
+  const selector sel(m);
+  const int p = 16;
+  std::vector<std::string> errs(static_cast<std::size_t>(p));
+  inproc::run(p, [&](communicator& base) {
+    test::noded c{base, {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1}};
+    const int r = c.rank();
+    std::string& e = errs[static_cast<std::size_t>(r)];
+    // Skewed small counts: rank r sends q (r + 2q) % 5 items.
+    std::vector<std::size_t> sc, rc;
+    for (int q = 0; q < p; ++q) {
+      sc.push_back(static_cast<std::size_t>((r + 2 * q) % 5));
+      rc.push_back(static_cast<std::size_t>((q + 2 * r) % 5));
+    }
+    options o;
+    o.select = &sel;
+    const exchange_plan plan(c, sc, rc, o);
+    if (plan.algorithm_for(c, sizeof(float)) != algorithm::hier) e = "automatic did not pick hier for 4-byte items";
+    if (plan.algorithm_for(c, std::size_t{1} << 20) == algorithm::hier) e = "automatic picked hier for 4 MiB blocks";
+    std::vector<float> in, out(plan.recv_items(), -1.0f), back(plan.send_items());
+    for (int q = 0; q < p; ++q)
+      for (std::size_t i = 0; i < sc[static_cast<std::size_t>(q)]; ++i) in.push_back(float(tag_of(r, q, i, p)));
+    plan.run(c, std::span<const float>(in), std::span<float>(out));
+    std::size_t at = 0;
+    for (int q = 0; q < p && e.empty(); ++q)
+      for (std::size_t i = 0; i < rc[static_cast<std::size_t>(q)]; ++i)
+        if (out[at++] != float(tag_of(q, r, i, p))) {
+          e = "wrong element from rank " + std::to_string(q);
+          break;
+        }
+    plan.run_back(c, std::span<const float>(out), std::span<float>(back));
+    if (e.empty() && back != in) e = "backward did not return every item";
+    // One node: no hier, whatever the model.
+    const exchange_plan flat(base, sc, rc, o);
+    if (flat.algorithm_for(base, sizeof(float)) == algorithm::hier) e = "hier picked without groups";
+  });
+  for (std::size_t r = 0; r < errs.size(); ++r) CHECK_MESSAGE(errs[r].empty(), "rank " << r << ": " << errs[r]);
+}
+
 TEST_CASE("exchange_plan hier: ranks that disagree on the groups all fail at creation") {
   test::expect_all_fail(4, errc::mismatch, "groups", [](communicator& c) {
     const std::vector<std::size_t> counts(4, 2);
@@ -380,7 +426,9 @@ TEST_CASE("alltoall hier: its cost in closed form, and where the model picks it"
     }
     // Small blocks: far fewer latencies than any flat schedule.
     CHECK(sel.choose_alltoall(8, t, true) == algorithm::hier);
-    CHECK(sel.choose_alltoall(8, t, false) != algorithm::hier); // alltoallv: equal blocks only
+    CHECK(sel.choose_alltoall(8, t, false) != algorithm::hier); // alltoallv: ranks could split
+    CHECK(sel.choose_alltoall(8, t, false, true) == algorithm::hier); // a plan's agreed largest block
+    CHECK(sel.choose_alltoall(8, t, false, true) != algorithm::bruck);
   }
   // Not a candidate on one group, or on groups of one rank.
   CHECK(std::isinf(m.exchange(algorithm::hier, 8, topology{.ranks = 16, .group_size = 16, .groups = 1})));

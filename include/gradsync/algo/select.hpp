@@ -718,19 +718,23 @@ public:
   }
 
   /// Alltoall(v) schedule for `m` bytes per peer on `t` (`equal`: equal
-  /// blocks, so Bruck and, on several groups, hier are candidates; `direct`
-  /// where t.shared_arena): the
+  /// blocks, so Bruck and, on several groups, hier are candidates; `agreed`:
+  /// uneven blocks whose m every rank shares, an exchange_plan's, so hier is
+  /// one; `direct` where t.shared_arena): the
   /// table's entry when it names an exchange schedule, else the cheapest by
   /// cost_model::exchange.
-  algorithm choose_alltoall(std::size_t m, const topology& t, bool equal) const {
+  algorithm choose_alltoall(std::size_t m, const topology& t, bool equal, bool agreed = false) const {
+    // Uneven blocks: hier only where every rank decides on the same m (an
+    // exchange_plan's agreed largest block: `agreed`); Bruck never.
+    const bool hier_ok = equal || agreed;
     if (const auto a = pinned(m); a == algorithm::pairwise || a == algorithm::scattered ||
-                                  (equal && (a == algorithm::bruck || (a == algorithm::hier && t.groups > 1))) ||
+                                  (equal && a == algorithm::bruck) || (hier_ok && a == algorithm::hier && t.groups > 1) ||
                                   (t.shared_arena && a == algorithm::direct))
       return a;
     algorithm best = algorithm::scattered;
     double cost = model_.exchange(best, static_cast<double>(m), t);
     for (auto a : {algorithm::pairwise, algorithm::bruck, algorithm::hier, algorithm::direct}) {
-      if ((a == algorithm::bruck || a == algorithm::hier) && !equal) continue;
+      if ((a == algorithm::bruck && !equal) || (a == algorithm::hier && !hier_ok)) continue;
       if (const double c = model_.exchange(a, static_cast<double>(m), t); c < cost * (1 - 1e-9)) {
         best = a;
         cost = c;
