@@ -57,6 +57,13 @@ template <class T> T elem(long long v) { return static_cast<T>(static_cast<float
 
 // Runs body on p ranks (threads kept between cases); the first failure,
 // with the rank, comes back as a string ("" when all passed).
+// The first rank's error of `errs` (one per rank), or "".
+std::string first_error(const std::vector<std::string>& errs) {
+  for (std::size_t r = 0; r < errs.size(); ++r)
+    if (!errs[r].empty()) return "rank " + std::to_string(r) + ": " + errs[r];
+  return {};
+}
+
 std::string on_ranks(int p, const std::function<void(communicator&, std::string&)>& body) {
   std::vector<std::string> errs(static_cast<std::size_t>(p));
   try {
@@ -67,9 +74,18 @@ std::string on_ranks(int p, const std::function<void(communicator&, std::string&
   } catch (const std::exception& e) {
     return std::string("threw: ") + e.what();
   }
-  for (std::size_t r = 0; r < errs.size(); ++r)
-    if (!errs[r].empty()) return "rank " + std::to_string(r) + ": " + errs[r];
-  return {};
+  return first_error(errs);
+}
+
+// `body(c, err)` on ranks whose node_of is `nodes` (test::noded); the first
+// rank's error, or "".
+std::string on_noded(const std::vector<int>& nodes, const std::function<void(test::noded&, std::string&)>& body) {
+  std::vector<std::string> errs(nodes.size());
+  inproc::run(static_cast<int>(nodes.size()), [&](communicator& base) {
+    test::noded c{base, nodes};
+    body(c, errs[static_cast<std::size_t>(c.rank())]);
+  });
+  return first_error(errs);
 }
 
 template <class T> void alltoall_sweep(std::size_t block, bool in_place) {
@@ -138,11 +154,8 @@ TEST_CASE("alltoall: large blocks (256 KiB per peer, past the shm eager limit) o
 // every block checked, in or out of place; "" when right.
 std::string two_level(const std::vector<int>& nodes, int group, std::size_t block, bool in_place) {
   const int p = static_cast<int>(nodes.size());
-  std::vector<std::string> errs(static_cast<std::size_t>(p));
-  inproc::run(p, [&](communicator& base) {
-    test::noded c{base, nodes};
+  return on_noded(nodes, [&](test::noded& c, std::string& e) {
     const int r = c.rank();
-    std::string& e = errs[static_cast<std::size_t>(r)];
     const std::size_t n = block * static_cast<std::size_t>(p);
     std::vector<std::int32_t> in(n), out(n, -1);
     for (int q = 0; q < p; ++q)
@@ -165,9 +178,6 @@ std::string two_level(const std::vector<int>& nodes, int group, std::size_t bloc
           break;
         }
   });
-  for (std::size_t r = 0; r < errs.size(); ++r)
-    if (!errs[r].empty()) return "rank " + std::to_string(r) + ": " + errs[r];
-  return {};
 }
 
 TEST_CASE("alltoall hier: every group size on 1..16 ranks, and nodes contiguous, interleaved or uneven") {
@@ -200,11 +210,8 @@ TEST_CASE("alltoall hier: every group size on 1..16 ranks, and nodes contiguous,
 // the count matrix m: every element checked; "" when right.
 std::string two_level_v(const std::vector<int>& nodes, int group, const std::function<std::size_t(int, int)>& m) {
   const int p = static_cast<int>(nodes.size());
-  std::vector<std::string> errs(static_cast<std::size_t>(p));
-  inproc::run(p, [&](communicator& base) {
-    test::noded c{base, nodes};
+  return on_noded(nodes, [&](test::noded& c, std::string& e) {
     const int r = c.rank();
-    std::string& e = errs[static_cast<std::size_t>(r)];
     std::vector<std::size_t> sc, rc;
     std::vector<std::int32_t> in;
     for (int q = 0; q < p; ++q) {
@@ -229,9 +236,6 @@ std::string two_level_v(const std::vector<int>& nodes, int group, const std::fun
     }
     if (e.empty() && (out[total] != -1 || out[total + 1] != -1)) e = "wrote past the received blocks";
   });
-  for (std::size_t r = 0; r < errs.size(); ++r)
-    if (!errs[r].empty()) return "rank " + std::to_string(r) + ": " + errs[r];
-  return {};
 }
 
 TEST_CASE("alltoallv hier: every group size on 1..16 ranks, uneven nodes, skewed and sparse counts") {
