@@ -327,6 +327,15 @@ namespace detail {
 // Whether collectives with executor E may run through c's shared arena.
 template <transport C, executor E> inline constexpr bool arena_for =
     shared_arena<C> && E::space == memory_space::host;
+// Whether c can carry the buffers of executor E: device memory only travels
+// on a transport that moves it (staged<C, M>, CUDA IPC, NCCL).
+template <transport C, executor E> inline constexpr bool carries =
+    E::space == memory_space::host || device_memory<C>;
+#define GRADSYNC_CARRIES(C, E)                                                                                  \
+  static_assert(::gradsync::detail::carries<C, E>,                                                             \
+                "gradsync: a device executor's buffers need a transport that moves device memory "             \
+                "(device_memory): wrap the host transport in gradsync::staged<C, cuda_copier> "                \
+                "(transport/staged.hpp)")
 // selector_of for communicator type C with buffers in E's memory space.
 template <transport C, executor E = exec::host> const selector& selector_for(const options& o) {
   return selector_of(o, arena_for<C, E>);
@@ -433,6 +442,7 @@ std::size_t allreduce_workspace_bytes(const C& c, std::size_t count, const optio
 template <transport C, executor E, element T, reduce_op Op = op::sum>
 void allreduce(C& c, E& ex, std::type_identity_t<std::span<const T>> in, std::span<T> out, Op op = {},
                const options& o = {}) {
+  GRADSYNC_CARRIES(C, E);
   const char* name = "allreduce";
   const int r = c.rank();
   const scoped_timeout guard(c, o.timeout); // options::timeout for this call only
@@ -483,6 +493,7 @@ void allreduce(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> o
 /// Allreduce in place on `data`, element work on executor `ex`.
 template <transport C, executor E, element T, reduce_op Op = op::sum>
 void allreduce(C& c, E& ex, std::span<T> data, Op op = {}, const options& o = {}) {
+  GRADSYNC_CARRIES(C, E);
   allreduce<C, E, T, Op>(c, ex, std::span<const T>(data), data, op, o);
 }
 
@@ -514,6 +525,7 @@ std::size_t reduce_scatter_workspace_bytes(const C& c, std::size_t block, const 
 template <transport C, executor E, element T, reduce_op Op = op::sum>
 void reduce_scatter(C& c, E& ex, std::type_identity_t<std::span<const T>> in, std::span<T> out,
                     Op op = {}, const options& o = {}) {
+  GRADSYNC_CARRIES(C, E);
   const char* name = "reduce_scatter";
   const int r = c.rank();
   const scoped_timeout guard(c, o.timeout); // options::timeout for this call only
@@ -580,6 +592,7 @@ std::size_t allgather_workspace_bytes(const C& c, std::size_t block, const optio
 template <transport C, executor E, element T>
 void allgather(C& c, E& ex, std::type_identity_t<std::span<const T>> in, std::span<T> out,
                const options& o = {}) {
+  GRADSYNC_CARRIES(C, E);
   const char* name = "allgather";
   const int r = c.rank();
   const scoped_timeout guard(c, o.timeout); // options::timeout for this call only
@@ -632,6 +645,7 @@ void allgather(C& c, std::type_identity_t<std::span<const T>> in, std::span<T> o
 /// cost model.
 template <transport C, executor E, element T>
 void broadcast(C& c, E& ex, std::span<T> data, int root, const options& o = {}) {
+  GRADSYNC_CARRIES(C, E);
   const char* name = "broadcast";
   const int r = c.rank();
   const scoped_timeout guard(c, o.timeout); // options::timeout for this call only
@@ -689,6 +703,7 @@ std::size_t reduce_workspace_bytes(const C& c, std::size_t count, const options&
 template <transport C, executor E, element T, reduce_op Op = op::sum>
 void reduce(C& c, E& ex, std::type_identity_t<std::span<const T>> in, std::span<T> out, int root,
             Op op = {}, const options& o = {}) {
+  GRADSYNC_CARRIES(C, E);
   const char* name = "reduce";
   const int r = c.rank();
   const scoped_timeout guard(c, o.timeout); // options::timeout for this call only

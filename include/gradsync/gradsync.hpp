@@ -11,3 +11,4 @@
 #include "core/half.hpp"
 #include "core/ops.hpp"
 #include "transport/inproc.hpp"
+#include "transport/staged.hpp"

@@ -3,6 +3,7 @@
 // x count x segment size, cross-rank bitwise identity, the ring's documented
 // reduction order, and agreement with the MPI library's own collectives.
 #include "mpi_test.hpp"
+#include "../transport/staged_checks.hpp"
 
 #include <gradsync/gradsync.hpp>
 
@@ -396,4 +397,40 @@ TEST_CASE_TEMPLATE("inexact sums agree with native MPI within rounding", T, floa
       bad = i;
   }
   CHECK(bad == n);
+}
+
+TEST_CASE("staged over MPI: every collective on staged ranges, the call check framing the staging blocks") {
+  auto c = make_comm();
+  // 0, 1, ragged, and large enough for many segments (kept small at 4 ranks on 2 cores).
+  const std::size_t big = c.size() >= 4 ? 20001 : 70001;
+  CHECK_NOTHROW(test::staged_collectives(c, {0, 1, static_cast<std::size_t>(c.size()) * 7 + 3, big}));
+}
+
+TEST_CASE("staged over a CUDA-aware MPI (GRADSYNC_MPI_DEVICE=1, host memory standing in): unstaged outside the framed check") {
+  {
+    auto plain = make_comm();
+    CHECK_FALSE(plain.gpu_aware()); // Debian's MPICH is not CUDA-aware
+  }
+  ::setenv("GRADSYNC_MPI_DEVICE", "1", 1);
+  auto c = make_comm();
+  ::unsetenv("GRADSYNC_MPI_DEVICE");
+  REQUIRE(c.gpu_aware());
+  const int p = c.size(), r = c.rank();
+  CHECK_NOTHROW(test::staged_collectives(c, {1, 20001}));
+  auto m = test::counting_copier::all_device();
+  staged s(c, m);
+  test::device_host ex;
+  options o;
+  o.algo = algorithm::ring;
+  o.verify = verification::never;
+  std::vector<float> v(20001, static_cast<float>(r + 1));
+  allreduce(s, ex, std::span(v), op::sum{}, o);
+  CHECK(v[0] == static_cast<float>(p * (p + 1) / 2));
+  CHECK(v[20000] == v[0]);
+  CHECK(m.n->to_host.load() == 0); // the library took the "device" ranges as they are
+  o.verify = verification::always;  // framed: each message a host frame, so staged
+  std::vector<float> w(8, 1.0f);
+  allreduce(s, ex, std::span(w), op::sum{}, o);
+  CHECK(w[7] == static_cast<float>(p));
+  CHECK(m.n->to_host.load() > 0);
 }

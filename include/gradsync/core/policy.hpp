@@ -249,6 +249,11 @@ inline constexpr std::size_t shm_single_copy_scratch_bytes = std::size_t{256} <<
 /// tests/gpu/run.sh and record the numbers here.
 inline constexpr unsigned cuda_block_threads = 256;
 inline constexpr unsigned cuda_blocks_per_sm = 4;
+/// Smallest staging block of transport/staged.hpp (blocks are powers of two
+/// from here, pooled per communicator): one page, so that a pool of small
+/// blocks for the schedules' small messages and the call check stays small.
+/// Not measured yet (no device since it was written).
+inline constexpr std::size_t staging_min_block_bytes = std::size_t{4} << 10;
 
 // ---- quantisers (compress/int8.hpp, int4.hpp, sign.hpp, terngrad.hpp, qsgd.hpp) ----
 

@@ -54,6 +54,7 @@ rank_groups checked_groups(const C& c, int group_size, const graph& groups_graph
 template <transport C, executor E, element T>
 round_report hierarchical_neighbor_allreduce(C& c, E& ex, std::span<T> x, const graph& leaders, std::uint64_t step,
                                              int group_size = 0, const gossip_options& o = {}) {
+  GRADSYNC_CARRIES(C, E);
   const char* name = "hierarchical_neighbor_allreduce";
   const int r = c.rank();
   const scoped_timeout guard(c, o.collective.timeout);

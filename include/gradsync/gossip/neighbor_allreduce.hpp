@@ -42,6 +42,7 @@ template <element T> std::size_t neighbor_allreduce_workspace_bytes(const graph&
 template <transport C, executor E, element T>
 round_report neighbor_allreduce(C& c, E& ex, std::span<T> x, const graph& g, std::uint64_t step,
                                 const gossip_options& o = {}) {
+  GRADSYNC_CARRIES(C, E);
   const char* name = "neighbor_allreduce";
   const int r = c.rank();
   const scoped_timeout guard(c, o.collective.timeout);

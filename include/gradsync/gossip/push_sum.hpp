@@ -42,6 +42,7 @@ template <element T> std::size_t push_sum_workspace_bytes(const graph& g, int ra
 template <transport C, executor E, element T>
 round_report push_sum(C& c, E& ex, std::span<T> x, double& weight, const graph& g, std::uint64_t step,
                       std::span<T> estimate, const gossip_options& o = {}) {
+  GRADSYNC_CARRIES(C, E);
   const char* name = "push_sum";
   const int r = c.rank();
   const scoped_timeout guard(c, o.collective.timeout);

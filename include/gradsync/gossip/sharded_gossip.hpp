@@ -42,6 +42,7 @@ namespace gradsync::gossip {
 template <transport C, executor E, element T>
 round_report sharded_neighbor_allreduce(C& c, E& ex, std::span<T> x, const graph& groups_graph, std::uint64_t step,
                                         int group_size = 0, const gossip_options& o = {}) {
+  GRADSYNC_CARRIES(C, E);
   const char* name = "sharded_neighbor_allreduce";
   const int r = c.rank();
   const scoped_timeout guard(c, o.collective.timeout);

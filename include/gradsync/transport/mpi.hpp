@@ -75,6 +75,22 @@ inline void check(int rc, const char* op, int rank, int peer = -1) {
   if (rc != MPI_SUCCESS) throw error(errc::internal, op, rank, peer, error_string(rc));
 }
 
+// Whether the MPI library takes device (CUDA) pointers in its sends and
+// receives: MPICH's MPIX_GPU_query_support, Open MPI's
+// MPIX_Query_cuda_support (mpi-ext.h); GRADSYNC_MPI_DEVICE=1 or 0 says so
+// instead (1 on a library that is not CUDA-aware crashes on device memory).
+inline bool gpu_aware_library() {
+  if (const char* e = std::getenv("GRADSYNC_MPI_DEVICE"); e && *e) return e[0] == '1';
+#if defined(MPIX_GPU_SUPPORT_CUDA)
+  int yes = 0;
+  return MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &yes) == MPI_SUCCESS && yes != 0;
+#elif defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+  return MPIX_Query_cuda_support() == 1;
+#else
+  return false;
+#endif
+}
+
 inline bool initialized() {
   int init = 0, fin = 0;
   MPI_Initialized(&init);
@@ -487,9 +503,10 @@ public:
       shape_.largest = std::max(shape_.largest, static_cast<int>(std::count(node_.begin(), node_.end(), node_[static_cast<std::size_t>(r)])));
     }
     trace_ = timeline::from_env(rank_, size_);
+    gpu_aware_ = detail::gpu_aware_library();
   }
   communicator(communicator&& o) noexcept
-      : comm_(std::exchange(o.comm_, MPI_COMM_NULL)), rank_(o.rank_), size_(o.size_),
+      : comm_(std::exchange(o.comm_, MPI_COMM_NULL)), rank_(o.rank_), size_(o.size_), gpu_aware_(o.gpu_aware_),
         node_(std::move(o.node_)), shape_(o.shape_), timeout_(o.timeout_), tag_ub_(o.tag_ub_),
         calls_(std::move(o.calls_)), abort_(std::move(o.abort_)), check_(std::move(o.check_)),
         trace_(std::move(o.trace_)) {}
@@ -498,6 +515,7 @@ public:
       release();
       comm_ = std::exchange(o.comm_, MPI_COMM_NULL);
       rank_ = o.rank_;
+      gpu_aware_ = o.gpu_aware_;
       size_ = o.size_;
       node_ = std::move(o.node_);
       shape_ = o.shape_;
@@ -516,6 +534,12 @@ public:
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
+  /// Whether the MPI library is CUDA-aware (detail::gpu_aware_library, asked once).
+  bool gpu_aware() const noexcept { return gpu_aware_; }
+  /// Whether a device range may be posted as it is right now (staged.hpp then
+  /// does not stage it): a CUDA-aware library, outside a call checked in
+  /// band (whose frames are host copies of the payload).
+  bool takes_device_now() const noexcept { return gpu_aware_ && !check_->frames(); }
   /// Node (shared-memory domain) of rank `r`, numbered by its lowest rank.
   int node_of(int r) const {
     GRADSYNC_REQUIRE(r >= 0 && r < size_, "mpi.node_of", rank_,
@@ -656,6 +680,7 @@ private:
   }
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
+  bool gpu_aware_ = false;
   std::vector<int> node_;
   node_shape_t shape_;
   std::chrono::milliseconds timeout_ = policy::default_timeout;
