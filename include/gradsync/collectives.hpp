@@ -51,6 +51,16 @@ template <class T> void check_span(std::span<T> s, const char* op, int rank, con
           std::string(what) + " size overflows");
 }
 
+// check_span, and for an executor that can tell (exec::cuda: pointer
+// attributes) that the range lies in memory its element work can reach: a
+// host range given to a device executor is an error naming the call, not a
+// kernel fault.
+template <class E, class T> void check_span(const E& ex, std::span<T> s, const char* op, int rank, const char* what) {
+  check_span(s, op, rank, what);
+  if constexpr (requires { ex.check_memory(static_cast<const void*>(s.data()), s.size_bytes(), op, rank, what); })
+    if (!s.empty()) ex.check_memory(static_cast<const void*>(s.data()), s.size_bytes(), op, rank, what);
+}
+
 // Distinct, partially overlapping buffers would be read after being written.
 template <class T, class U>
 void check_alias(std::span<T> in, std::span<U> out, const char* op, int rank) {
@@ -446,8 +456,8 @@ void allreduce(C& c, E& ex, std::type_identity_t<std::span<const T>> in, std::sp
   const char* name = "allreduce";
   const int r = c.rank();
   const scoped_timeout guard(c, o.timeout); // options::timeout for this call only
-  detail::check_span(in, name, r, "input");
-  detail::check_span(out, name, r, "output");
+  detail::check_span(ex, in, name, r, "input");
+  detail::check_span(ex, out, name, r, "output");
   GRADSYNC_REQUIRE(out.size() >= in.size(), name, r,
           "output holds " + std::to_string(out.size()) + " elements, input " +
               std::to_string(in.size()));
@@ -529,8 +539,8 @@ void reduce_scatter(C& c, E& ex, std::type_identity_t<std::span<const T>> in, st
   const char* name = "reduce_scatter";
   const int r = c.rank();
   const scoped_timeout guard(c, o.timeout); // options::timeout for this call only
-  detail::check_span(in, name, r, "input");
-  detail::check_span(out, name, r, "output");
+  detail::check_span(ex, in, name, r, "input");
+  detail::check_span(ex, out, name, r, "output");
   const auto p = static_cast<std::size_t>(c.size());
   const std::size_t n = out.size();
   GRADSYNC_REQUIRE(in.size() == detail::mul_checked(n, p, name, r), name, r,
@@ -596,8 +606,8 @@ void allgather(C& c, E& ex, std::type_identity_t<std::span<const T>> in, std::sp
   const char* name = "allgather";
   const int r = c.rank();
   const scoped_timeout guard(c, o.timeout); // options::timeout for this call only
-  detail::check_span(in, name, r, "input");
-  detail::check_span(out, name, r, "output");
+  detail::check_span(ex, in, name, r, "input");
+  detail::check_span(ex, out, name, r, "output");
   const auto p = static_cast<std::size_t>(c.size());
   const std::size_t n = in.size();
   GRADSYNC_REQUIRE(out.size() == detail::mul_checked(n, p, name, r), name, r,
@@ -649,7 +659,7 @@ void broadcast(C& c, E& ex, std::span<T> data, int root, const options& o = {}) 
   const char* name = "broadcast";
   const int r = c.rank();
   const scoped_timeout guard(c, o.timeout); // options::timeout for this call only
-  detail::check_span(data, name, r, "buffer");
+  detail::check_span(ex, data, name, r, "buffer");
   detail::check_root(root, c.size(), name, r);
   detail::check_tag(o.tag, name, r);
   const algorithm a = broadcast_algorithm<T, C, E>(c, data.size(), o);
@@ -707,8 +717,8 @@ void reduce(C& c, E& ex, std::type_identity_t<std::span<const T>> in, std::span<
   const char* name = "reduce";
   const int r = c.rank();
   const scoped_timeout guard(c, o.timeout); // options::timeout for this call only
-  detail::check_span(in, name, r, "input");
-  detail::check_span(out, name, r, "output");
+  detail::check_span(ex, in, name, r, "input");
+  detail::check_span(ex, out, name, r, "output");
   detail::check_root(root, c.size(), name, r);
   if (r == root) {
     GRADSYNC_REQUIRE(out.size() >= in.size(), name, r,

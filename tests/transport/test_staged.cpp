@@ -153,3 +153,43 @@ TEST_CASE("staged over shm: allreduce, allgather, broadcast, reduce on staged ra
 }
 
 } // namespace
+
+namespace {
+
+// A device executor that rejects one range, as exec::cuda rejects host memory.
+struct picky_device : gradsync::test::device_host {
+  const void* bad = nullptr;
+  void check_memory(const void* p, std::size_t, const char* op, int rank, const char* what) const {
+    GRADSYNC_REQUIRE(p != bad, op, rank, std::string(what) + " is host memory");
+  }
+};
+
+TEST_CASE("staged: the executor's memory check names the collective and the buffer") {
+  inproc::run(1, [](inproc::communicator& c) {
+    staged s(c, counting_copier::all_device());
+    std::vector<float> good(8, 1.0f), host(8, 1.0f), out(8);
+    picky_device ex;
+    ex.bad = host.data();
+    CHECK_NOTHROW(allreduce(s, ex, std::span(good), op::sum{}));
+    const auto message = [&](auto f) {
+      try {
+        f();
+      } catch (const error& e) {
+        return std::string(e.what());
+      }
+      return std::string("no error");
+    };
+    std::string m = message([&] { allreduce(s, ex, std::span<const float>(host), std::span(out), op::sum{}); });
+    CHECK(m.find("allreduce") != std::string::npos);
+    CHECK(m.find("input is host memory") != std::string::npos);
+    m = message([&] { allgather(s, ex, std::span<const float>(good), std::span(host)); });
+    CHECK(m.find("allgather") != std::string::npos);
+    CHECK(m.find("output is host memory") != std::string::npos);
+    m = message([&] { broadcast(s, ex, std::span(host), 0); });
+    CHECK(m.find("buffer is host memory") != std::string::npos);
+    m = message([&] { gossip::neighbor_allreduce(s, ex, std::span(host), gossip::ring(1), 0); });
+    CHECK(m.find("neighbor_allreduce") != std::string::npos);
+  });
+}
+
+} // namespace

@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <type_traits>
 
 #include <cuda_runtime.h>
@@ -192,6 +193,25 @@ public:
   template <class T>
   cuda_scratch<T> scratch(std::span<std::byte> ws, std::size_t n, const char* op, int rank) const {
     return cuda_scratch<T>(ws, n, op, rank, stream_);
+  }
+  /// Throws gradsync::error naming `op`, `rank` and `what` unless `p` lies in
+  /// memory this executor's kernels can use: device or managed memory, or
+  /// host memory mapped for the device (cudaHostAlloc, cudaHostRegister).
+  /// The collectives call it on their buffers (collectives.hpp's
+  /// check_span), so a host range is a clear error, not a kernel fault.
+  void check_memory(const void* p, std::size_t bytes, const char* op, int rank, const char* what) const {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      (void)cudaGetLastError(); // not a pointer CUDA knows: plain host memory
+      a.type = cudaMemoryTypeUnregistered;
+    }
+    const bool reachable = a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged ||
+                           (a.type == cudaMemoryTypeHost && a.devicePointer != nullptr);
+    GRADSYNC_REQUIRE(reachable, op, rank,
+                     std::string(what) + " (" + std::to_string(bytes) + " bytes) is " +
+                         (a.type == cudaMemoryTypeHost ? "pinned host memory not mapped for the device"
+                                                       : "host memory") +
+                         ": the CUDA executor needs device memory (cudaMalloc, cudaMallocManaged or mapped host memory)");
   }
   /// Waits for everything enqueued on the stream (see the class comment).
   void fence() const {

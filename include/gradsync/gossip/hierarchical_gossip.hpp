@@ -59,7 +59,7 @@ round_report hierarchical_neighbor_allreduce(C& c, E& ex, std::span<T> x, const 
   const int r = c.rank();
   const scoped_timeout guard(c, o.collective.timeout);
   const rank_groups groups = detail::checked_groups(c, group_size, leaders, name);
-  gradsync::detail::check_span(x, name, r, "data");
+  gradsync::detail::check_span(ex, x, name, r, "data");
   if (o.global_step(step)) {
     allreduce(c, ex, x, op::avg{}, o.dense());
     return {0, true};

@@ -47,7 +47,7 @@ round_report neighbor_allreduce(C& c, E& ex, std::span<T> x, const graph& g, std
   const int r = c.rank();
   const scoped_timeout guard(c, o.collective.timeout);
   validate(g, c.size(), property::row_stochastic, name, r);
-  gradsync::detail::check_span(x, name, r, "data");
+  gradsync::detail::check_span(ex, x, name, r, "data");
   if (o.global_step(step)) {
     allreduce(c, ex, x, op::avg{}, o.dense());
     return {0, true};

@@ -47,8 +47,8 @@ round_report push_sum(C& c, E& ex, std::span<T> x, double& weight, const graph& 
   const int r = c.rank();
   const scoped_timeout guard(c, o.collective.timeout);
   validate(g, c.size(), property::column_stochastic | property::strongly_connected, name, r);
-  gradsync::detail::check_span(x, name, r, "numerator");
-  gradsync::detail::check_span(estimate, name, r, "estimate");
+  gradsync::detail::check_span(ex, x, name, r, "numerator");
+  gradsync::detail::check_span(ex, estimate, name, r, "estimate");
   GRADSYNC_REQUIRE(estimate.size() == x.size(), name, r,
                    "estimate holds " + std::to_string(estimate.size()) + " elements, the numerator " +
                        std::to_string(x.size()));
