@@ -121,6 +121,15 @@ template <transport C> std::int64_t run_rank(C& c, const config& cfg) {
   return wrong;
 }
 
+#if !defined(GRADSYNC_BENCH_CUDA)
+} // namespace
+bool gpu_collective_built() { return false; }
+std::int64_t gpu_collective(const config&) {
+  throw std::invalid_argument("--device gpu: this gradsync-bench was built without CUDA (nvcc)");
+}
+namespace {
+#endif
+
 op_kind parse_op(std::string_view s) {
   for (auto k : {op_kind::sum, op_kind::prod, op_kind::min, op_kind::max, op_kind::avg})
     if (op_name(k) == s) return k;
@@ -181,6 +190,11 @@ int collective_main(std::string_view name, int argc, char** argv) {
                "own speed at that size and moment; bench/cliff_check.py compares busbw with it)");
   sweep_options sw;
   sw.add_to(app);
+  app.add_option("--device", cfg.device,
+                 "cpu: host buffers; gpu: device buffers staged through pinned host memory over -t "
+                 "(f32, sum or avg; needs a build with nvcc and a GPU)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "gpu"}));
   app.add_flag("--inject-error", cfg.inject, "corrupt one result element on rank 0 (tests the checker)")
       ->group("");
   try {
@@ -218,6 +232,11 @@ int collective_main(std::string_view name, int argc, char** argv) {
     if (cfg.op != op_kind::sum && cfg.op != op_kind::avg) throw std::invalid_argument("-z: compressed allreduce reduces with sum or avg");
   }
 
+  if (cfg.device == "gpu") {
+    if (!cfg.codecs.empty() || cfg.shared || cfg.memcpy_each_size || cfg.inject)
+      throw std::invalid_argument("--device gpu: -z, --shared-buffers, --memcpy-each-size and --inject-error are host-only");
+    return gpu_collective(cfg) == 0 ? 0 : 2;
+  }
   std::atomic<std::int64_t> wrong{0};
   with_transport(cfg.transport, cfg.ranks, [&](auto& c) { wrong.store(run_rank(c, cfg)); });
   return wrong.load() == 0 ? 0 : 2;

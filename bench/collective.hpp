@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -55,7 +56,78 @@ struct config {
   /// -z: codecs of compressed allreduce rows (two rows per codec and size:
   /// always compressed, and compress_mode::automatic with its decision).
   std::vector<compress::spec> codecs;
+  /// --device: "cpu" (host buffers) or "gpu" (device buffers, collective_gpu.cu).
+  std::string device = "cpu";
 };
+
+// nccl-tests' bus bandwidth factors: the fraction of the buffer each rank's
+// busiest link must carry in a bandwidth-optimal schedule.
+inline double bus_factor(coll k, int p) {
+  const double n = p;
+  switch (k) {
+  case coll::allreduce: return 2 * (n - 1) / n;
+  case coll::reduce_scatter:
+  case coll::allgather: return (n - 1) / n;
+  case coll::broadcast:
+  case coll::reduce: break;
+  }
+  return 1;
+}
+
+// Closed-form data. Rank r's element i is a small integer, so every partial
+// sum, product, min, max and mean is exact in every dtype (f16 and bf16
+// included) whatever order an algorithm combines ranks in; the pattern
+// repeats every `period` elements. Products use only values 1 and 2, and at
+// most 10 ranks contribute a 2, so they never overflow.
+inline constexpr std::size_t period = 33;
+
+inline long long input_value(int r, std::size_t i, op_kind k) {
+  const auto ur = static_cast<std::size_t>(r);
+  if (k == op_kind::prod) return r < 30 && (i + ur) % 3 == 0 ? 2 : 1;
+  return static_cast<long long>((i * 7 + ur * 3) % 11) - 5;
+}
+
+template <element T> T from_int(long long v) { return narrow<T>(static_cast<accum_t<T>>(v)); }
+template <element T> T sentinel() { return from_int<T>(-99); } // never an expected value
+
+// The reduction over `p` ranks of element i, computed directly from the inputs.
+template <element T> T reduced_value(int p, std::size_t i, op_kind k) {
+  long long acc = input_value(0, i, k);
+  for (int r = 1; r < p; ++r) {
+    const long long v = input_value(r, i, k);
+    switch (k) {
+    case op_kind::prod: acc *= v; break;
+    case op_kind::min: acc = std::min(acc, v); break;
+    case op_kind::max: acc = std::max(acc, v); break;
+    case op_kind::sum:
+    case op_kind::avg: acc += v; break;
+    }
+  }
+  using A = accum_t<T>;
+  if (k == op_kind::avg) return narrow<T>(static_cast<A>(static_cast<A>(acc) / static_cast<A>(p)));
+  return from_int<T>(acc);
+}
+
+// Buffer shapes of one size, as nccl-tests counts them: `bytes` is the
+// per-rank buffer for allreduce, broadcast and reduce, and the total (all
+// blocks) for reduce_scatter's input and allgather's output.
+struct shape {
+  std::size_t in_n = 0, out_n = 0, count = 0, bytes = 0;
+};
+
+inline shape shape_of(coll k, std::size_t bytes, std::size_t esz, int p) {
+  const std::size_t n = bytes / esz, blk = n / static_cast<std::size_t>(p);
+  shape s;
+  switch (k) {
+  case coll::reduce_scatter: s = {blk * static_cast<std::size_t>(p), blk, blk * static_cast<std::size_t>(p)}; break;
+  case coll::allgather: s = {blk, blk * static_cast<std::size_t>(p), blk * static_cast<std::size_t>(p)}; break;
+  case coll::broadcast: s = {n, 0, n}; break; // in place on the input buffer
+  case coll::allreduce:
+  case coll::reduce: s = {n, n, n}; break;
+  }
+  s.bytes = s.count * esz;
+  return s;
+}
 
 /// The whole sweep on one rank of `c` with elements of type T: one row per
 /// size and algorithm into `rep`, every call with options::select = &sel
@@ -64,5 +136,11 @@ struct config {
 /// checking). Defined, and explicitly instantiated for each compiled-in
 /// communicator, in collective_sweep.cpp.
 template <class C, class T> std::int64_t sweep(C& c, const config& cfg, const selector& sel, report& rep);
+
+/// --device gpu: the sweep on device buffers over cfg.transport staged
+/// through pinned host memory (collective_gpu.cu, compiled by nvcc; without
+/// nvcc these throw). Returns the wrong elements over all ranks.
+bool gpu_collective_built();
+std::int64_t gpu_collective(const config& cfg);
 
 } // namespace gradsync::bench::coll_bench

@@ -14,7 +14,6 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
-#include <cstdio>
 #include <cstring>
 #include <span>
 #include <string>
@@ -25,6 +24,7 @@
 #include <gradsync/exec/cuda.cuh>
 #include <gradsync/exec/host.hpp>
 
+#include "../gpu/gpu_test.hpp"
 #include "inputs.hpp"
 
 namespace gs = gradsync;
@@ -37,30 +37,17 @@ void cuda_ok(cudaError_t e, const char* what) {
   REQUIRE_MESSAGE(e == cudaSuccess, what, ": ", cudaGetErrorString(e));
 }
 
-/// A non-blocking stream (no implicit order with the legacy stream the
-/// tests' cudaMemcpy uses: every download must follow the executor's fence).
-struct stream {
-  cudaStream_t s{};
-  stream() { cuda_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"); }
-  ~stream() { cudaStreamDestroy(s); }
-  stream(const stream&) = delete;
-  stream& operator=(const stream&) = delete;
-};
-
 /// Owning device buffer of `count` T plus one guard element, poisoned (all
 /// bytes 0xA5) so that elements a call should not write show.
 template <class T> struct dvec {
-  T* p = nullptr;
+  gpu_test::device_buffer<T> mem; // the n elements and the guard
+  T* p;
   std::size_t n;
-  explicit dvec(std::size_t count) : n(count) {
-    cuda_ok(cudaMalloc(&p, (n + 1) * sizeof(T)), "cudaMalloc");
+  explicit dvec(std::size_t count) : mem(count + 1), p(mem.p), n(count) {
     cuda_ok(cudaMemset(p, 0xA5, (n + 1) * sizeof(T)), "cudaMemset");
     settle();
   }
   dvec(const std::vector<T>& v) : dvec(v.size()) { upload(v); }
-  ~dvec() { cudaFree(p); }
-  dvec(const dvec&) = delete;
-  dvec& operator=(const dvec&) = delete;
   void upload(const std::vector<T>& v) {
     if (v.empty()) return;
     cuda_ok(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
@@ -170,7 +157,7 @@ template <class T> void check_copy_axpby(const gs::exec::cuda& dev, std::size_t 
 #define EXEC_ALL_DTYPES float, double, gradsync::half, gradsync::bfloat16, std::int32_t, std::int64_t
 
 TEST_CASE_TEMPLATE("cuda executor: every operation bitwise equal to exec::host", T, EXEC_ALL_DTYPES) {
-  const stream st;
+  const gpu_test::device_stream st;
   const gs::exec::cuda dev(st.s);
   CHECK(dev.stream() == st.s);
   for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{4097}, std::size_t{1} << 20}) {
@@ -196,7 +183,7 @@ template <class F> bool throws_kind(gs::errc kind, F f, std::string* text = null
 }
 
 TEST_CASE("cuda executor: scratch from the workspace, owned, or rejected; CUDA failures") {
-  const stream st;
+  const gpu_test::device_stream st;
   const gs::exec::cuda dev(st.s);
   const std::size_t n = 4097;
   dvec<std::byte> ws(n * sizeof(double) + 16);
@@ -246,12 +233,4 @@ TEST_CASE("cuda executor: scratch from the workspace, owned, or rejected; CUDA f
 
 } // namespace
 
-int main(int argc, char** argv) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("no CUDA device: skipped\n");
-    return 77;
-  }
-  doctest::Context ctx(argc, argv);
-  return ctx.run();
-}
+int main(int argc, char** argv) { return gpu_test::run_doctest_or_skip(argc, argv); }

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Builds and runs the codecs' GPU test + bench (tests/gpu/test_codecs_gpu.cu)
-# and the CUDA executor's test (tests/exec/test_cuda_executor.cu) on a machine
+# Builds and runs the codecs' GPU test + bench (tests/gpu/test_codecs_gpu.cu),
+# the CUDA executor's test (tests/exec/test_cuda_executor.cu), the staged
+# collectives on device memory (tests/gpu/test_staged_gpu.cu), the CUDA-IPC
+# transport (test_cuda_ipc_gpu.cu) and the NCCL transport (test_nccl_gpu.cu,
+# where libnccl is installed) on a machine
 # with a CUDA GPU, printing versions, the checks and the GB/s table. Meant to
 # finish in well under 8 minutes on an H100/H200.
 #
@@ -9,14 +12,16 @@
 # Environment: BUILD (build directory, default /tmp/gradsync-gpu-build; it is
 # recreated), CUDA_HOME (default /usr/local/cuda), REPS (bench repetitions, 20),
 # PREBUILT (a folder holding test_codecs_gpu, exec_cuda and, optionally,
-# gradsync-bench built elsewhere with these flags: used instead of building
-# when every library they need resolves there), JSON_DIR (where
+# test_staged_gpu, test_cuda_ipc_gpu, test_nccl_gpu and gradsync-bench built
+# elsewhere with these flags, e.g. copied out of a build-test here: used
+# instead of building when every library they need resolves there), JSON_DIR (where
 # gradsync-bench compress --device gpu writes its JSON, when it runs),
-# BUILD_WITH=nvcc (skip meson even where it is installed: compile the two
-# test programs with nvcc alone; doctest found through CPLUS_INCLUDE_PATH).
+# BUILD_WITH=nvcc (skip meson even where it is installed: compile the test
+# programs with nvcc alone; doctest found through CPLUS_INCLUDE_PATH).
 # Uses meson + ninja when they (and doctest, which tests/meson.build needs)
-# are installed, else compiles the one translation unit with nvcc directly,
-# with the same flags as tests/gpu/meson.build.
+# are installed, else compiles each test's one translation unit with nvcc
+# directly, with the same flags as tests/gpu/meson.build (the two doctest
+# suites only when doctest is found).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -69,36 +74,62 @@ if [ -n "${PREBUILT:-}" ] && [ -x "$PREBUILT/test_codecs_gpu" ] && [ -x "$PREBUI
   done
 fi
 
+# The doctest suites beside the codecs' test: name, source, ninja target.
+suites=(
+  "executor|tests/exec/test_cuda_executor.cu|tests/exec/exec_cuda"
+  "staged|tests/gpu/test_staged_gpu.cu|tests/gpu/test_staged_gpu"
+  "cuda_ipc|tests/gpu/test_cuda_ipc_gpu.cu|tests/gpu/test_cuda_ipc_gpu"
+  "nccl|tests/gpu/test_nccl_gpu.cu|tests/gpu/test_nccl_gpu"
+)
+have_nccl=0
+[ -e "$cuda_home/lib64/libnccl.so" ] && [ -e "$cuda_home/include/nccl.h" ] && have_nccl=1
+declare -A suite_bin=()
 bench_bin=""
 rm -rf "$build"
 if [ "$prebuilt_ok" = 1 ]; then
   section "using the prebuilt binaries in $PREBUILT"
   bin="$PREBUILT/test_codecs_gpu"
-  exec_bin="$PREBUILT/exec_cuda"
+  for s in "${suites[@]}"; do
+    IFS='|' read -r name src target <<<"$s"
+    [ -x "$PREBUILT/$(basename "$target")" ] && suite_bin[$name]="$PREBUILT/$(basename "$target")"
+  done
   [ -x "$PREBUILT/gradsync-bench" ] && bench_bin="$PREBUILT/gradsync-bench"
 elif [ "$have_meson" = 1 ]; then
   section "meson $(meson --version), ninja $(ninja --version)"
-  # Only what the GPU test needs: no bench, examples, MPI or NCCL.
+  # Only what the GPU tests need: no bench, examples or MPI.
   meson setup "$build" -Dcuda=enabled -Dbench=false -Dexamples=false -Dmpi=disabled \
-    -Dnccl=disabled -Dtests=true >"$build.setup.log" 2>&1 || {
+    -Dtests=true >"$build.setup.log" 2>&1 || {
     cat "$build.setup.log"
     exit 1
   }
   tail -n 8 "$build.setup.log"
-  ninja -C "$build" -j "$(nproc)" tests/gpu/test_codecs_gpu tests/exec/exec_cuda
+  targets=(tests/gpu/test_codecs_gpu)
+  for s in "${suites[@]}"; do
+    IFS='|' read -r name src target <<<"$s"
+    [ "$name" = nccl ] && [ "$have_nccl" = 0 ] && continue
+    targets+=("$target")
+    suite_bin[$name]="$build/$target"
+  done
+  ninja -C "$build" -j "$(nproc)" "${targets[@]}"
   bin="$build/tests/gpu/test_codecs_gpu"
-  exec_bin="$build/tests/exec/exec_cuda"
 else
   section "meson/ninja/doctest missing: building with nvcc directly"
   mkdir -p "$build"
   nvcc -std=c++20 -O3 -DNDEBUG "${arch_flags[@]}" -Xcompiler=-Wall,-Wextra -Iinclude \
     tests/gpu/test_codecs_gpu.cu -o "$build/test_codecs_gpu"
   bin="$build/test_codecs_gpu"
-  exec_bin=""
-  if [ "$have_doctest" = 1 ]; then # the executor test is a doctest suite
-    nvcc -std=c++20 -O3 -DNDEBUG "${arch_flags[@]}" -Xcompiler=-Wall,-Wextra -Iinclude \
-      tests/exec/test_cuda_executor.cu -o "$build/exec_cuda"
-    exec_bin="$build/exec_cuda"
+  if [ "$have_doctest" = 1 ]; then # the other suites are doctest suites
+    for s in "${suites[@]}"; do
+      IFS='|' read -r name src target <<<"$s"
+      libs=()
+      if [ "$name" = nccl ]; then
+        [ "$have_nccl" = 0 ] && continue
+        libs=(-lnccl)
+      fi
+      nvcc -std=c++20 -O3 -DNDEBUG "${arch_flags[@]}" -Xcompiler=-Wall,-Wextra -Iinclude -Itests \
+        "$src" -o "$build/$(basename "$target")" -L"$cuda_home/lib64" "${libs[@]}"
+      suite_bin[$name]="$build/$(basename "$target")"
+    done
   fi
 fi
 
@@ -113,20 +144,24 @@ case $rc in
   *) echo "correctness: FAIL (exit $rc)" ;;
 esac
 
-section "correctness: CUDA executor vs host executor"
-erc=0
-if [ -n "$exec_bin" ]; then
+# Each doctest suite: PASS / FAIL / NOT BUILT; any failure fails the script.
+suites_rc=0
+for s in "${suites[@]}"; do
+  IFS='|' read -r name src target <<<"$s"
+  section "correctness: $name ($src)"
+  if [ -z "${suite_bin[$name]:-}" ]; then
+    echo "$name: NOT BUILT"
+    continue
+  fi
   set +e
-  timeout 300 "$exec_bin"
-  erc=$?
+  timeout 300 "${suite_bin[$name]}"
+  src_rc=$?
   set -e
-  case $erc in
-    0) echo "executor: PASS" ;;
-    *) echo "executor: FAIL (exit $erc)" ;;
+  case $src_rc in
+    0) echo "$name: PASS" ;;
+    *) echo "$name: FAIL (exit $src_rc)"; suites_rc=1 ;;
   esac
-else
-  echo "executor: NOT BUILT (doctest missing)"
-fi
+done
 
 section "bench: $mib MiB of float input"
 set +e
@@ -144,6 +179,16 @@ if [ -n "$bench_bin" ]; then
   crc=$?
   set -e
   echo "gradsync-bench compress --device gpu: exit $crc"
+  # The collectives on device buffers, staged through pinned host memory,
+  # 2 ranks on the one GPU, with the run's copy bandwidths beside them.
+  for t in inproc shm; do
+    section "gradsync-bench allreduce --device gpu -t $t --ranks 2"
+    set +e
+    timeout 120 "$bench_bin" allreduce --device gpu -t "$t" --ranks 2 -a auto,ring,rd,tree -b 1M -e 256M -f 4 \
+      --json "$json_dir/allreduce_gpu_$t.json"
+    echo "gradsync-bench allreduce --device gpu -t $t: exit $?"
+    set -e
+  done
 fi
 section "done"
-[ "$rc" = 0 ] && [ "$erc" = 0 ] && [ "$brc" = 0 ]
+[ "$rc" = 0 ] && [ "$suites_rc" = 0 ] && [ "$brc" = 0 ]

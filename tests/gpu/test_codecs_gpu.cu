@@ -43,6 +43,8 @@
 #include <gradsync/compress/sign.hpp>
 #include <gradsync/compress/terngrad.hpp>
 
+#include "gpu_test.hpp"
+
 namespace gs = gradsync;
 namespace gc = gradsync::compress;
 
@@ -66,18 +68,9 @@ void cuda_ok(cudaError_t e, const char* what) {
   }
 }
 
-/// Owning device buffer.
-struct dbuf {
-  std::byte* p = nullptr;
-  std::size_t n = 0;
-  explicit dbuf(std::size_t bytes) : n(bytes) {
-    cuda_ok(cudaMalloc(&p, bytes == 0 ? 16 : bytes), "cudaMalloc");
-  }
-  ~dbuf() { cudaFree(p); }
-  dbuf(const dbuf&) = delete;
-  dbuf& operator=(const dbuf&) = delete;
-  std::span<std::byte> span() { return {p, n}; }
-  template <class V> V* as() { return reinterpret_cast<V*>(p); }
+/// Owning device buffer of bytes, with typed copies on the legacy stream.
+struct dbuf : gpu_test::device_buffer<std::byte> {
+  using device_buffer::device_buffer;
   template <class V> void upload(const std::vector<V>& v) {
     cuda_ok(cudaMemcpy(p, v.data(), v.size() * sizeof(V), cudaMemcpyHostToDevice), "upload");
   }
@@ -739,11 +732,7 @@ void run_bench(std::size_t mib, int reps) {
 } // namespace
 
 int main(int argc, char** argv) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("no CUDA device: skipped\n");
-    return 77;
-  }
+  if (gpu_test::device_count() == 0) return gpu_test::skip_no_device();
   bool bench = false;
   std::size_t mib = 256;
   int reps = 20;

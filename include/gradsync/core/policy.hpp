@@ -236,6 +236,15 @@ inline constexpr std::size_t shm_shared_min_bytes = shm_direct_small_bytes + 1;
 /// names, then a barrier); outside the collectives' default range.
 inline constexpr int shm_alloc_tag = 0x67537e00;
 
+/// Tag of the message that carries NCCL's unique id from rank 0 to every
+/// rank when an nccl::communicator is built over another transport
+/// (transport/nccl.hpp). Outside the collectives' default range, and at most
+/// 32767, the least MPI_TAG_UB the MPI standard allows, so that any MPI
+/// carries it (shm_alloc_tag's range does not: the MPICH here has 2^28 - 1).
+inline constexpr int nccl_bootstrap_tag = 0x7e4e;
+static_assert(nccl_bootstrap_tag <= 32767 &&
+              (nccl_bootstrap_tag < default_tag || nccl_bootstrap_tag >= default_tag + tag_span));
+
 /// Scratch a single-copy reduction reads the peers' pieces into (all peers
 /// together, at least 16 KiB each): stays in L2 with room for the output.
 /// 64 KiB was no faster (64 MiB allreduce 2.8 vs 2.7-3.1 GB/s).
