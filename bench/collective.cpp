@@ -192,7 +192,7 @@ int collective_main(std::string_view name, int argc, char** argv) {
   sw.add_to(app);
   app.add_option("--device", cfg.device,
                  "cpu: host buffers; gpu: device buffers staged through pinned host memory over -t "
-                 "(f32, sum or avg; needs a build with nvcc and a GPU)")
+                 "(f32, sum; needs a build with nvcc and a GPU)")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "gpu"}));
   app.add_flag("--inject-error", cfg.inject, "corrupt one result element on rank 0 (tests the checker)")

@@ -221,7 +221,7 @@ template <class T> void collectives(rank_env& e, std::size_t n) {
               }(ops),
               ...);
         },
-        std::tuple<gs::op::sum, gs::op::avg, gs::op::max>{});
+        std::tuple<gs::op::sum, gs::op::avg>{});
   }
   {
     gs::options o;
@@ -298,8 +298,11 @@ template <class T> void staged_sweep() {
     });
 }
 
-TEST_CASE_TEMPLATE("staged collectives on device memory: bitwise equal to the host path", T, float, double,
-                   gradsync::half, gradsync::bfloat16) {
+// Two dtypes and two operators: staging moves bytes whatever they hold, and
+// exec_cuda checks every dtype and operator's kernels bitwise (each more here
+// cost ~20 s of the CI build).
+TEST_CASE_TEMPLATE("staged collectives on device memory: bitwise equal to the host path", T, float,
+                   gradsync::bfloat16) {
   staged_sweep<T>();
 }
 
