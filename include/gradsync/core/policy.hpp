@@ -236,6 +236,12 @@ inline constexpr std::size_t shm_shared_min_bytes = shm_direct_small_bytes + 1;
 /// names, then a barrier); outside the collectives' default range.
 inline constexpr int shm_alloc_tag = 0x67537e00;
 
+/// Tag of the records and barriers the CUDA-IPC transport's direct calls
+/// exchange over their shm boot transport (transport/cuda_ipc.cuh); outside
+/// the collectives' default range, like shm_alloc_tag.
+inline constexpr int cuda_ipc_tag = 0x67537f00;
+static_assert(cuda_ipc_tag < default_tag || cuda_ipc_tag >= default_tag + tag_span);
+
 /// Tag of the message that carries NCCL's unique id from rank 0 to every
 /// rank when an nccl::communicator is built over another transport
 /// (transport/nccl.hpp). Outside the collectives' default range, and at most

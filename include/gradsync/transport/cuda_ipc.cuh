@@ -157,10 +157,8 @@
 
 namespace gradsync::cuda_ipc {
 
-/// Tag of the records and barriers of the direct calls on the boot
-/// transport: outside the collectives' default range, like shm_alloc_tag.
-inline constexpr int tag = 0x67537f00;
-static_assert(tag < policy::default_tag || tag >= policy::default_tag + policy::tag_span);
+/// Tag of the records and barriers of the direct calls on the boot transport.
+inline constexpr int tag = policy::cuda_ipc_tag;
 
 namespace detail {
 
