@@ -123,7 +123,6 @@ template <transport C> std::int64_t run_rank(C& c, const config& cfg) {
 
 #if !defined(GRADSYNC_BENCH_CUDA)
 } // namespace
-bool gpu_collective_built() { return false; }
 std::int64_t gpu_collective(const config&) {
   throw std::invalid_argument("--device gpu: this gradsync-bench was built without CUDA (nvcc)");
 }

@@ -140,7 +140,6 @@ template <class C, class T> std::int64_t sweep(C& c, const config& cfg, const se
 /// --device gpu: the sweep on device buffers over cfg.transport staged
 /// through pinned host memory (collective_gpu.cu, compiled by nvcc; without
 /// nvcc these throw). Returns the wrong elements over all ranks.
-bool gpu_collective_built();
 std::int64_t gpu_collective(const config& cfg);
 
 } // namespace gradsync::bench::coll_bench

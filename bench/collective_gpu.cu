@@ -217,8 +217,6 @@ template <transport C> std::int64_t run_device_rank(C& host, const config& cfg) 
 
 } // namespace
 
-bool gpu_collective_built() { return true; }
-
 std::int64_t gpu_collective(const config& cfg) {
   if (cfg.dt != dtype::f32) throw std::invalid_argument("--device gpu: -d f32 only");
   if (reduces(cfg.kind) && cfg.op != op_kind::sum) throw std::invalid_argument("--device gpu: -o sum only");
