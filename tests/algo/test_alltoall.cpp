@@ -254,8 +254,10 @@ TEST_CASE("alltoallv hier: every group size on 1..16 ranks, uneven nodes, skewed
   const auto zeros = [](int, int) { return std::size_t{0}; };
   const auto one_sender = [](int s, int d) { return s == 2 ? std::size_t(d + 5) : std::size_t{0}; };
   for (const auto& nodes : layouts)
-    for (const auto& [what, m] : std::vector<std::pair<const char*, std::function<std::size_t(int, int)>>>{
+    for (const auto& item : std::vector<std::pair<const char*, std::function<std::size_t(int, int)>>>{
              {"skewed", skewed}, {"large", big}, {"zeros", zeros}, {"one sender", one_sender}}) {
+      const auto& what = item.first;
+      const auto& m = item.second;
       const std::string err = two_level_v(nodes, 0, m);
       CHECK_MESSAGE(err.empty(), nodes.size() << " ranks, node of rank 1 " << nodes[1] << ", " << what << ": " << err);
     }
@@ -412,7 +414,9 @@ TEST_CASE("alltoall hier: its cost in closed form, and where the model picks it"
   m.global = link_cost{30e-6, 1e-9, 0, 30e-6};
   m.nic_share = 8;
   const selector sel(m);
-  for (const auto& [p, g] : {std::pair{64, 8}, std::pair{256, 8}, std::pair{1024, 8}, std::pair{48, 4}}) {
+  for (const auto& item : {std::pair{64, 8}, std::pair{256, 8}, std::pair{1024, 8}, std::pair{48, 4}}) {
+    const auto& p = item.first;
+    const auto& g = item.second;
     const topology t{.ranks = p, .group_size = g, .groups = p / g};
     const double n = p / g;
     for (const double bytes : {8.0, 256.0, 65536.0}) {
@@ -512,7 +516,9 @@ template <class T> void alltoallv_sweep(int p, const std::string& name, const ma
 
 TEST_CASE("alltoallv: uniform, zero, Zipf, zero-row, sparse and MoE count matrices, known and learned counts") {
   for (const int p : sweep_ranks)
-    for (const auto& [name, m] : patterns(p)) {
+    for (const auto& item : patterns(p)) {
+      const auto& name = item.first;
+      const auto& m = item.second;
       for (const algorithm a : {algorithm::automatic, algorithm::pairwise, algorithm::scattered, algorithm::hier})
         alltoallv_sweep<float>(p, name, m, a, false);
       alltoallv_sweep<float>(p, name, m, algorithm::automatic, true);
@@ -571,7 +577,9 @@ TEST_CASE("neighbor_alltoallv: rings, torus, exponential graph, self edges, unev
     graphs.emplace_back("ring", gossip::ring(p));
     graphs.emplace_back("exponential", gossip::exponential(p));
     if (p == 6) graphs.emplace_back("torus", gossip::torus(2, 3));
-    for (const auto& [name, gr] : graphs) {
+    for (const auto& item : graphs) {
+      const auto& name = item.first;
+      const auto& gr = item.second;
       INFO("p=" << p << " graph=" << name);
       const std::string err = on_ranks(p, [&](communicator& c, std::string& e) {
         const int r = c.rank();
@@ -614,7 +622,9 @@ TEST_CASE("exchange_plan: forwards then backwards restores the input; several dt
   // automatic, and hier over groups of 3 (its group counts fixed at creation)
   for (const algorithm a : {algorithm::automatic, algorithm::hier})
   for (const int p : sweep_ranks)
-    for (const auto& [name, m] : patterns(p)) {
+    for (const auto& item : patterns(p)) {
+      const auto& name = item.first;
+      const auto& m = item.second;
       INFO("p=" << p << " pattern=" << name << " schedule=" << algorithm_name(a));
       const std::string err = on_ranks(p, [&](communicator& c, std::string& e) {
         const int r = c.rank();

@@ -228,9 +228,10 @@ TEST_CASE("encoded exchange: codecs that cannot encode an exchange, disagreeing 
   for (const char* codec : {"qsgd", "terngrad"})
     fails(2, errc::invalid_argument, "stochastic", [&](communicator& c) { run_with(c, codec); });
   // Ranks that disagree on the codec or its parameters: every rank fails alike.
-  for (const auto& [a, b] : {std::pair{"int8", "fp16"}, std::pair{"int8:block=256", "int8:block=128"},
-                             std::pair{"int4", "int8"}})
+  for (const auto& ab : {std::pair{"int8", "fp16"}, std::pair{"int8:block=256", "int8:block=128"},
+                         std::pair{"int4", "int8"}})
     for (const int p : {2, 3})
-      fails(p, errc::mismatch, "ranks disagree on the call", [&](communicator& c) { run_with(c, c.rank() == p - 1 ? b : a); });
+      fails(p, errc::mismatch, "ranks disagree on the call",
+            [&](communicator& c) { run_with(c, c.rank() == p - 1 ? ab.second : ab.first); });
   fails(2, errc::invalid_argument, "workspace holds 10 bytes", [&](communicator& c) { run_with(c, "int8", 10); });
 }

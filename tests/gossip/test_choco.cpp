@@ -72,7 +72,8 @@ TEST_CASE("choco: int8 reaches consensus and keeps the average") {
       const int rounds = static_cast<int>(3 * std::ceil(std::log(1e-4) / std::log(std::max(lambda, 0.2)))) + 20;
       std::size_t sent = 0;
       const auto x = run_choco(p, g, n, rounds, z, &sent);
-      const auto [dist, drift] = measure(p, n, x);
+      const auto measured = measure(p, n, x);
+      const double dist = measured.first, drift = measured.second;
       CHECK(dist < 1e-3);
       CHECK(drift < drift_bound(rounds));
       // int8 at block 256: n bytes + a 4-byte scale per block + the header, a quarter of the floats.
@@ -88,7 +89,8 @@ TEST_CASE("choco: top-k reaches consensus with a small step") {
     z.gamma = 0.1;
     const std::size_t n = 500;
     const auto x = run_choco(p, g, n, 1500, z);
-    const auto [dist, drift] = measure(p, n, x);
+    const auto measured = measure(p, n, x);
+    const double dist = measured.first, drift = measured.second;
     INFO("p=" << p << " distance " << dist << " drift " << drift);
     CHECK(dist < 1e-3);
     CHECK(drift < drift_bound(1500));
@@ -158,7 +160,8 @@ TEST_CASE("choco: periodic global averaging") {
   o.global_every = 5;
   const auto x = run_choco(p, ring(p), 64, 5, z, nullptr, o);
   for (int r = 1; r < p; ++r) CHECK(std::memcmp(x[static_cast<std::size_t>(r)].data(), x[0].data(), 64 * sizeof(float)) == 0);
-  const auto [dist, drift] = measure(p, 64, x);
+  const auto measured = measure(p, 64, x);
+  const double dist = measured.first, drift = measured.second;
   CHECK(dist == 0);
   CHECK(drift < drift_bound(5));
 }

@@ -138,7 +138,9 @@ TEST_CASE("neighbor_allreduce: consensus distance decays at the rate the SLEM pr
                                     {torus(3, 5), 15},       {hypercube(16), 16}, {exponential(16), 16},
                                     {exponential(12), 12},   {star(7), 7},        {one_peer_exponential(12), 12},
                                     {directed_ring(10), 10}};
-  for (const auto& [g, p] : cases) {
+  for (const named& k : cases) {
+    const graph& g = k.g;
+    const int p = k.p;
     const double lambda = slem(g);
     INFO("topology=" << g.name() << " p=" << p << " slem=" << lambda);
     REQUIRE(lambda > 0.05);

@@ -65,7 +65,9 @@ TEST_CASE("sharded gossip: group averages mixed by the groups' topology, any cou
 }
 
 TEST_CASE("sharded gossip: one-peer exponential reaches the exact average after log2(groups) rounds; bytes per rank") {
-  for (const auto& [p, gs] : std::vector<std::pair<int, int>>{{8, 2}, {16, 4}, {16, 2}, {32, 8}}) {
+  for (const auto& item : std::vector<std::pair<int, int>>{{8, 2}, {16, 4}, {16, 2}, {32, 8}}) {
+    const auto& p = item.first;
+    const auto& gs = item.second;
     const int groups = p / gs;
     int rounds = 0;
     while ((1 << rounds) < groups) ++rounds;

@@ -51,10 +51,12 @@ TEST_CASE("mpi alltoall: every schedule, blocks 0, 1, 37 and 80 000, equal to MP
   const int p = c.size(), r = c.rank();
   // hier: on the node's one group (node_of), and on groups of 1 and 2.
   for (const std::size_t block : {std::size_t{0}, std::size_t{1}, std::size_t{37}, std::size_t{80000}})
-    for (const auto& [a, group] : {std::pair{algorithm::automatic, 0}, std::pair{algorithm::pairwise, 0},
+    for (const auto& item : {std::pair{algorithm::automatic, 0}, std::pair{algorithm::pairwise, 0},
                                    std::pair{algorithm::scattered, 0}, std::pair{algorithm::bruck, 0},
                                    std::pair{algorithm::hier, 0}, std::pair{algorithm::hier, 1},
                                    std::pair{algorithm::hier, 2}}) {
+      const auto& a = item.first;
+      const auto& group = item.second;
       INFO("block=" << block << " schedule=" << algorithm_name(a) << " group size " << group);
       const std::size_t n = block * static_cast<std::size_t>(p);
       std::vector<int> in(n), out(n, -1), ref(n, -2);
@@ -80,7 +82,9 @@ TEST_CASE("mpi alltoallv: count matrices, known and learned, equal to MPI_Alltoa
   auto c = make_comm();
   const int p = c.size(), r = c.rank();
   const auto np = static_cast<std::size_t>(p);
-  for (const auto& [name, m] : patterns(p)) {
+  for (const auto& item : patterns(p)) {
+    const auto& name = item.first;
+    const auto& m = item.second;
     INFO("pattern " << name);
     std::vector<std::size_t> sc(np), rc(np);
     std::vector<int> sci(np), rci(np), sdi(np), rdi(np);
@@ -104,9 +108,11 @@ TEST_CASE("mpi alltoallv: count matrices, known and learned, equal to MPI_Alltoa
     MPI_Alltoallv(in.data(), sci.data(), sdi.data(), MPI_INT, ref.data(), rci.data(), rdi.data(), MPI_INT,
                   MPI_COMM_WORLD);
     // hier: on the node's one group (node_of), and on groups of 1 and 2
-    for (const auto [a, group] : {std::pair{algorithm::automatic, 0}, std::pair{algorithm::pairwise, 0},
+    for (const auto item : {std::pair{algorithm::automatic, 0}, std::pair{algorithm::pairwise, 0},
                                   std::pair{algorithm::scattered, 0}, std::pair{algorithm::hier, 0},
                                   std::pair{algorithm::hier, 1}, std::pair{algorithm::hier, 2}}) {
+      const auto& a = item.first;
+      const auto& group = item.second;
       std::vector<int> out(static_cast<std::size_t>(total), -1);
       options o;
       o.algo = a;

@@ -176,7 +176,7 @@ private:
     }
     if (e < k) // compact: values move up against the e indices
       std::memmove(body + 4 * e, body + 4 * k, sizeof(T) * e);
-    wire::param_writer(w.params()).put<double>(density).put<std::uint64_t>(e);
+    wire::param_writer(w.params()).f64(density).u64(e);
     st.sent = e;
     st.achieved_density = n == 0 ? 0.0 : static_cast<double>(e) / static_cast<double>(n);
     return w.finish(sparse::body_bytes<T>(e));

@@ -300,10 +300,10 @@ template <float_element T> struct powersgd {
     if (poisoned && body_bytes != 0) std::memset(body, 0, body_bytes);
     const auto used = static_cast<std::uint32_t>(r), flags = poisoned ? 1u : 0u;
     wire::param_writer(w.params())
-        .put<std::uint64_t>(rows)
-        .put<std::uint64_t>(cols)
-        .put<std::uint32_t>(used)
-        .put<std::uint32_t>(flags);
+        .u64(rows)
+        .u64(cols)
+        .u32(used)
+        .u32(flags);
     return w.finish(body_bytes);
   }
 

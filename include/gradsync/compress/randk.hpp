@@ -158,12 +158,12 @@ template <float_element T> struct randomk {
     const std::uint32_t flags = (poisoned ? flag_poisoned : 0u) | (unbiased ? 0u : flag_unscaled);
     wire::writer w(out, id, dtype_traits<T>::id, n, param_bytes, encode_op);
     wire::param_writer(w.params())
-        .put<std::uint64_t>(e)
-        .put<std::uint64_t>(st.seed)
-        .put<std::uint32_t>(step)
-        .put<std::uint32_t>(key)
-        .put<std::uint32_t>(flags)
-        .put<std::uint32_t>(0);
+        .u64(e)
+        .u64(st.seed)
+        .u32(step)
+        .u32(key)
+        .u32(flags)
+        .u32(0);
     std::byte* body = w.body().data();
     const random_permutation perm = permutation(st.seed, step, key, n);
     for (std::size_t j = 0; j < e; ++j)

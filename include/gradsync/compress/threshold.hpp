@@ -100,7 +100,7 @@ private:
       src.sent(i);
     });
     if (e < n) std::memmove(body + 4 * e, body + 4 * n, sizeof(T) * e);
-    wire::param_writer(w.params()).put<float>(tau).put<std::uint32_t>(0).put<std::uint64_t>(e);
+    wire::param_writer(w.params()).f32(tau).u32(0).u64(e);
     return w.finish(sparse::body_bytes<T>(e));
   }
 

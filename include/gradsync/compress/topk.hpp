@@ -99,7 +99,7 @@ private:
     check_encode_buffers(encode_op, out.size(), max_encoded_bytes(n), ws.size(), workspace_bytes(n));
     const std::size_t e = entries(n);
     wire::writer w(out, id, dtype_traits<T>::id, n, param_bytes, encode_op);
-    wire::param_writer(w.params()).put<std::uint64_t>(e);
+    wire::param_writer(w.params()).u64(e);
     workspace_cursor cur(ws, encode_op);
     const bool selects = e != 0 && e != n;
     const auto hist = cur.take<std::size_t>(selects ? sparse::radix_buckets : 0);

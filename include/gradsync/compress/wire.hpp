@@ -316,6 +316,14 @@ public:
     pos_ += sizeof(V);
     return *this;
   }
+  // Named by type, for chains: nvcc with a clang++ host compiler parses a
+  // second explicit put<V>( in a chain as a comparison.
+  param_writer& u8(std::uint8_t v) { return put(v); }
+  param_writer& u16(std::uint16_t v) { return put(v); }
+  param_writer& u32(std::uint32_t v) { return put(v); }
+  param_writer& u64(std::uint64_t v) { return put(v); }
+  param_writer& f32(float v) { return put(v); }
+  param_writer& f64(double v) { return put(v); }
 
 private:
   std::span<std::byte> p_;

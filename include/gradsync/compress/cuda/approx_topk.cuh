@@ -149,7 +149,7 @@ std::size_t encode(const approx_topk<T>& c, std::span<const T> in, approx_topk_s
   const double density = c.density;
   const header_image img = make_header(
       C::id, dtype_traits<T>::id, n, C::param_bytes, compress::sparse::body_bytes<T>(p.k), op,
-      [density](std::span<std::byte> q) { wire::param_writer(q).put<double>(density); });
+      [density](std::span<std::byte> q) { wire::param_writer(q).f64(density); });
   const T* x = in.data();
 
   workspace_cursor cur(ws, op);

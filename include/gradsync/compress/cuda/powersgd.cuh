@@ -545,10 +545,10 @@ std::size_t encode(const powersgd<T>& c, std::span<const T> in, powersgd_state& 
       make_header(C::id, dtype_traits<T>::id, n, C::param_bytes, sizeof(float) * factors, op,
                   [&](std::span<std::byte> p) {
                     wire::param_writer(p)
-                        .put<std::uint64_t>(rows)
-                        .put<std::uint64_t>(cols)
-                        .put<std::uint32_t>(used)
-                        .put<std::uint32_t>(0); // flags: patched on the device
+                        .u64(rows)
+                        .u64(cols)
+                        .u32(used)
+                        .u32(0); // flags: patched on the device
                   });
   workspace_cursor cur(ws, op);
   std::uint32_t* flags = cur.take<std::uint32_t>(2).data();

@@ -192,12 +192,12 @@ std::size_t encode(const randomk<T>& c, std::span<const T> in, stream_state& st,
       make_header(C::id, dtype_traits<T>::id, n, C::param_bytes, sizeof(T) * e, op,
                   [&](std::span<std::byte> p) {
                     wire::param_writer(p)
-                        .put<std::uint64_t>(e)
-                        .put<std::uint64_t>(seed)
-                        .put<std::uint32_t>(step)
-                        .put<std::uint32_t>(key)
-                        .put<std::uint32_t>(flags) // poison bit patched on the device
-                        .put<std::uint32_t>(0);
+                        .u64(e)
+                        .u64(seed)
+                        .u32(step)
+                        .u32(key)
+                        .u32(flags) // poison bit patched on the device
+                        .u32(0);
                   });
   workspace_cursor cur(ws, op);
   std::uint32_t* poisoned = cur.take<std::uint32_t>(1).data();

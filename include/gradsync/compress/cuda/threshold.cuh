@@ -60,7 +60,7 @@ std::size_t encode(const threshold<T>& c, std::span<const T> in, no_state&,
   const float tau = c.tau;
   const header_image img = make_header(
       C::id, dtype_traits<T>::id, n, C::param_bytes, compress::sparse::body_bytes<T>(n), op,
-      [tau](std::span<std::byte> q) { wire::param_writer(q).put<float>(tau).put<std::uint32_t>(0); });
+      [tau](std::span<std::byte> q) { wire::param_writer(q).f32(tau).u32(0); });
   std::byte* body = out.data() + img.size;
 
   workspace_cursor cur(ws, op);

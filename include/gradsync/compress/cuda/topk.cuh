@@ -34,7 +34,7 @@ std::size_t encode(const topk<T>& c, std::span<const T> in, no_state&, std::span
   const std::size_t body_bytes = compress::sparse::body_bytes<T>(e);
   const header_image img =
       make_header(topk<T>::id, dtype_traits<T>::id, n, topk<T>::param_bytes, body_bytes, op,
-                  [e](std::span<std::byte> p) { wire::param_writer(p).put<std::uint64_t>(e); });
+                  [e](std::span<std::byte> p) { wire::param_writer(p).u64(e); });
   std::byte* body = out.data() + img.size;
   auto* idx = reinterpret_cast<std::uint32_t*>(body);
 

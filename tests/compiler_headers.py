@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
-"""Checks that every given public header compiles on its own with clang++.
+"""Checks that every given public header compiles with a second compiler
+(clang++ where the build uses g++, g++ where it uses clang++).
 
-    clang_headers.py CLANGXX INCLUDE_DIR [-I DIR]... HEADER...
+    compiler_headers.py CXX INCLUDE_DIR [-I DIR]... HEADER...
 
 The headers are split into one `-fsyntax-only` translation unit per core
-(C++20, -Wall -Wextra -Wpedantic -Werror: g++ is not the only compiler users
-have); each header is included twice (its include guard works). That each
-header compiles on its own is the g++ build's check (tests/header_check.py:
+(C++20, -Wall -Wextra -Wpedantic -Werror: users build with either); each header is included twice (its include guard works). That each
+header compiles on its own is the build's check (tests/header_check.py:
 one translation unit per header); one run per header here cost 70 s of the
 2-core test budget against about 10. A failing chunk is rechecked header by
-header, so the report names the headers that fail, with clang's output; then
-the script exits 1.
+header, so the report names the headers that fail, with the compiler's
+output; then the script exits 1.
 """
 import concurrent.futures
 import os
@@ -19,7 +19,7 @@ import sys
 
 
 def main() -> int:
-    clangxx, include, rest = sys.argv[1], sys.argv[2], sys.argv[3:]
+    otherxx, include, rest = sys.argv[1], sys.argv[2], sys.argv[3:]
     extra, headers = [], []
     while rest:
         arg = rest.pop(0)
@@ -35,7 +35,7 @@ def main() -> int:
 
     def check(chunk):
         src = "".join(f"#include <{h}>\n#include <{h}>\n" for h in chunk)
-        r = subprocess.run([clangxx, *flags], input=src, capture_output=True, text=True)
+        r = subprocess.run([otherxx, *flags], input=src, capture_output=True, text=True)
         return chunk, r.returncode, r.stdout + r.stderr
 
     workers = max(1, os.cpu_count() or 1)
@@ -54,7 +54,7 @@ def main() -> int:
             print(f"FAIL (only when included together) {' '.join(chunk)}\n{check(chunk)[2]}")
     for h in headers:
         print(f"checked {h}")
-    print(f"{len(headers) - failed} of {len(headers)} headers compile with {clangxx}")
+    print(f"{len(headers) - failed} of {len(headers)} headers compile with {otherxx}")
     return 1 if failed else 0
 
 
