@@ -10,7 +10,10 @@
 //     transport's collectives `extern template` (this header), so the TU
 //     calls them instead of instantiating them;
 //   - build one more TU per transport and dtype (prebuilt/instance.cpp.in,
-//     as the top-level meson.build does) that defines them, and link it.
+//     as the top-level meson.build does) that defines them, and link it;
+//   - build prebuilt/kernels.cpp, optimised, and link it: the host
+//     reductions (exec/host.hpp's GRADSYNC_PREBUILT_KERNELS), which code with
+//     GRADSYNC_PREBUILT and the units above call instead of instantiating.
 // What is covered: allreduce, reduce, reduce_scatter (every dtype and op),
 // broadcast, allgather (every dtype), compressed_allreduce (float dtypes,
 // sum and avg), barrier, all on the host executor. Other calls are

@@ -56,7 +56,7 @@ inline void combine(T* out, const T* a, const T* b, std::size_t n, Op o) {
 
 /// Final step of `op::avg`: divide by `ranks`, once (identity for other ops).
 template <element T, reduce_op Op>
-inline void finalize(T* data, std::size_t n, Op, int ranks) {
+void finalize(T* data, std::size_t n, Op, int ranks) { // not inline: exec/host.hpp's prebuilt kernels
   if constexpr (Op::kind == op_kind::avg) {
     if (ranks == 1) return;
     using A = accum_t<T>;

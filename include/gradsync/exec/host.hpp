@@ -51,8 +51,10 @@ private:
 /// step for types reduced in their own precision (combine's loop stays scalar
 /// at -O2 because `out` may alias an input; here each vector is loaded before
 /// it is stored, so exact aliasing is still fine).
+// Not `inline`: an `extern template` declaration (below) suppresses the
+// instantiation of a template function only if it is not inline.
 template <element T, reduce_op Op>
-inline void combine_wide(T* out, const T* a, const T* b, std::size_t n, Op op) {
+void combine_wide(T* out, const T* a, const T* b, std::size_t n, Op op) {
   std::size_t i = 0;
 #if defined(__GNUC__) && !defined(__CUDACC__)
   if constexpr (std::is_same_v<T, accum_t<T>> && std::is_arithmetic_v<T>) {
@@ -98,3 +100,30 @@ struct host {
 static_assert(executor<host>);
 
 } // namespace gradsync::exec
+
+// Prebuilt kernels (gradsync/prebuilt.hpp): the host reduction of every
+// prebuilt dtype and op, compiled once, optimised (prebuilt/kernels.cpp, at
+// -O2 whatever the build's level), and declared `extern template` in code
+// built with GRADSYNC_PREBUILT and in the prebuilt collectives' units. A
+// build at -O0 (README's test command) then runs its reductions at full
+// speed: in the collectives sweep at -O0, the per-element calls of the
+// unoptimised bf16 reduction were ~40 % of the run time (perf).
+#define GRADSYNC_PREBUILT_KERNEL(KW, T, Op)                                                                          \
+  KW void ::gradsync::exec::combine_wide<T, Op>(T*, const T*, const T*, std::size_t, Op);
+#define GRADSYNC_PREBUILT_KERNELS_OF(KW, T)                                                                          \
+  GRADSYNC_PREBUILT_KERNEL(KW, T, ::gradsync::op::sum)                                                               \
+  GRADSYNC_PREBUILT_KERNEL(KW, T, ::gradsync::op::prod)                                                              \
+  GRADSYNC_PREBUILT_KERNEL(KW, T, ::gradsync::op::min)                                                               \
+  GRADSYNC_PREBUILT_KERNEL(KW, T, ::gradsync::op::max)                                                               \
+  GRADSYNC_PREBUILT_KERNEL(KW, T, ::gradsync::op::avg)                                                               \
+  KW void ::gradsync::finalize<T, ::gradsync::op::avg>(T*, std::size_t, ::gradsync::op::avg, int);
+#define GRADSYNC_PREBUILT_KERNELS(KW)                                                                                \
+  GRADSYNC_PREBUILT_KERNELS_OF(KW, float)                                                                            \
+  GRADSYNC_PREBUILT_KERNELS_OF(KW, double)                                                                           \
+  GRADSYNC_PREBUILT_KERNELS_OF(KW, ::gradsync::half)                                                                 \
+  GRADSYNC_PREBUILT_KERNELS_OF(KW, ::gradsync::bfloat16)                                                             \
+  GRADSYNC_PREBUILT_KERNELS_OF(KW, std::int32_t)                                                                     \
+  GRADSYNC_PREBUILT_KERNELS_OF(KW, std::int64_t)
+#if (defined(GRADSYNC_PREBUILT) || defined(GRADSYNC_PREBUILT_INSTANTIATE)) && !defined(GRADSYNC_PREBUILT_KERNELS_INSTANTIATE)
+GRADSYNC_PREBUILT_KERNELS(extern template)
+#endif
