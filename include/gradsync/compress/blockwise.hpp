@@ -360,8 +360,7 @@ std::size_t blockwise_encode(const Rule& rule, std::uint32_t block, std::span<co
   wire::writer w(out, Rule::id, dtype_traits<T>::id, n, 8, op);
   wire::param_writer pw(w.params());
   const std::uint16_t arg = rule.arg();
-  pw.u32(block).u16(arg).u8(
-      static_cast<std::uint8_t>(bits));
+  pw.u32(block).u16(arg).u8(static_cast<std::uint8_t>(bits));
   const std::size_t nb = (n + block - 1) / block;
   std::byte* scales = w.body().data();
   std::byte* codes = scales + 4 * nb;

@@ -102,8 +102,8 @@ static_assert(executor<host>);
 } // namespace gradsync::exec
 
 // Prebuilt kernels (gradsync/prebuilt.hpp): the host reduction of every
-// prebuilt dtype and op, compiled once, optimised (prebuilt/kernels.cpp, at
-// -O2 whatever the build's level), and declared `extern template` in code
+// prebuilt dtype and op, compiled once, optimised (prebuilt/kernels.cpp; our
+// meson.build keeps it at -O2 even in a quick -O0 build), and declared `extern template` in code
 // built with GRADSYNC_PREBUILT and in the prebuilt collectives' units. A
 // build at -O0 (README's test command) then runs its reductions at full
 // speed: in the collectives sweep at -O0, the per-element calls of the

@@ -338,8 +338,7 @@ std::size_t encode(const blockwise<Rule, T>& c, std::span<const T> in,
   const std::size_t body = blockwise_body_bytes(n, block, bits);
   const header_image img = make_header(
       Rule::id, dtype_traits<T>::id, n, 8, body, op, [&](std::span<std::byte> p) {
-        wire::param_writer(p).u32(block).u16(arg).u8(
-            static_cast<std::uint8_t>(bits));
+        wire::param_writer(p).u32(block).u16(arg).u8(static_cast<std::uint8_t>(bits));
       });
   const std::size_t nb = (n + block - 1) / block;
   auto* scales = reinterpret_cast<float*>(out.data() + img.size);
