@@ -589,12 +589,7 @@ template <transport C> std::int64_t run_rank(C& c, const config& cfg) {
   }
   if constexpr (requires { c.single_copy(); })
     rep.attribute("shm copy", "shm_copy", c.single_copy() ? "single (cma)" : "arena");
-  const cost_model& m = sel.model();
-  rep.calibration({{"local_alpha", m.local.alpha}, {"local_beta", m.local.beta}, {"local_gamma", m.local.gamma},
-                   {"global_alpha", m.global.alpha}, {"global_beta", m.global.beta},
-                   {"global_gamma", m.global.gamma}, {"local_latency", m.local.latency}, {"global_latency", m.global.latency},
-                   {"nic_share", m.nic_share}, {"arena_copy", m.arena.copy},
-                   {"arena_sync", m.arena.sync}});
+  rep.calibration(params_of(sel.model()));
   rep.header();
   const std::int64_t wrong = with_element(cfg.dt, [&](auto t) { return sweep<C, decltype(t)>(c, cfg, sel, rep); });
   finish_checked(rep, lim, cfg.name, cfg.transport, c.size(), cfg.check, wrong);

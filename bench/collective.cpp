@@ -104,12 +104,7 @@ template <transport C> std::int64_t run_rank(C& c, const config& cfg) {
     rep.attribute("buffers", "buffers", cfg.shared ? "shared (alloc_shared)" : "private");
   else if (cfg.shared)
     throw std::invalid_argument("--shared-buffers needs a transport with shared buffers (-t shm), not " + cfg.transport);
-  const cost_model& m = sel.model();
-  rep.calibration({{"local_alpha", m.local.alpha}, {"local_beta", m.local.beta}, {"local_gamma", m.local.gamma},
-                   {"global_alpha", m.global.alpha}, {"global_beta", m.global.beta},
-                   {"global_gamma", m.global.gamma}, {"local_latency", m.local.latency}, {"global_latency", m.global.latency},
-                   {"nic_share", m.nic_share}, {"arena_copy", m.arena.copy},
-                   {"arena_sync", m.arena.sync}});
+  rep.calibration(params_of(sel.model()));
   rep.header();
 #if defined(GRADSYNC_BENCH_SIM)
   const std::int64_t wrong = sweep<C, float>(c, cfg, sel, rep); // the simulator build has f32 alone

@@ -16,6 +16,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <gradsync/algo/select.hpp>
 #include <gradsync/core/dtype.hpp>
 
 namespace gradsync::bench {
@@ -127,6 +128,21 @@ struct row {
 
 /// Named model parameters (the calibration), in the order they are given.
 using model_params = std::vector<std::pair<std::string, double>>;
+
+/// A cost model's parameters as the reports print them: both links, their
+/// per-size extras (local_extra_1K ... global_extra_512K), the NIC share and
+/// the arena's costs.
+inline model_params params_of(const cost_model& m) {
+  model_params v{{"local_alpha", m.local.alpha},     {"local_beta", m.local.beta},       {"local_gamma", m.local.gamma},
+                 {"global_alpha", m.global.alpha},   {"global_beta", m.global.beta},     {"global_gamma", m.global.gamma},
+                 {"local_latency", m.local.latency}, {"global_latency", m.global.latency}};
+  for (const auto& [name, l] : {std::pair<const char*, const link_cost*>{"local", &m.local}, {"global", &m.global}})
+    for (std::size_t i = 0; i < policy::calibrate_mid_points; ++i)
+      v.emplace_back(std::string(name) + "_extra_" + std::to_string(policy::calibrate_mid_bytes[i] >> 10) + "K",
+                     l->extra[i]);
+  v.insert(v.end(), {{"nic_share", m.nic_share}, {"arena_copy", m.arena.copy}, {"arena_sync", m.arena.sync}});
+  return v;
+}
 
 /// Rank 0's output: the table on stdout and, with a path, one JSON object per
 /// row in that file (truncated when opened). Other ranks construct it with

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Holds gradsync's cost model to what a run measured (issue: the model tells the truth).
 
-   bench/sim/accuracy.py [--markdown] RUN.txt [RUN.txt ...]
+   bench/sim/accuracy.py [--markdown] [--plot OUT.png] RUN.txt [RUN.txt ...]
 
 Reads gradsync-bench tables (bench/sim/run.sh output; lines "## LABEL" name
 the run that follows) and prints, per run and schedule, the model's error
@@ -11,8 +11,13 @@ the best forced gradsync schedule (MPI's `native` rows are shown, not
 compared): a miss where it is more than 10 % slower. Exits 0;
 the verdicts are the output. --markdown: one table per run instead (a row
 per size, a column per schedule: measured us and the model's error; the
-schedule `auto` ran in bold), then the same summary lines.
+schedule `auto` ran in bold), then the same summary lines. --plot: also
+writes OUT.png, one panel per run (title: the run's label), each schedule's
+simulated time (solid, dots) and the model's prediction (dashed, same colour)
+against size, log-log; `auto` and MPI's `native` rows are not drawn (auto is
+one of the others; native has no model).
 """
+import os
 import sys
 
 BIG = 64 * 1024
@@ -39,6 +44,57 @@ def human(b):
         if b >= 1 << shift and b % (1 << shift) == 0:
             return f"{b >> shift} {unit}"
     return f"{b} B"
+
+
+def plot_series(by_run):
+    """What --plot draws: {label: {schedule: (simulated, model)}}, each a
+    sorted [(bytes, us)] list (the model's only where the row has one)."""
+    out = {}
+    for label, rs in by_run.items():
+        panel = {}
+        for size, algo, t, m in rs:
+            if algo.startswith("auto") or algo == "native":
+                continue
+            sim, model = panel.setdefault(algo, ([], []))
+            sim.append((size, t))
+            if m is not None:
+                model.append((size, m))
+        out[label] = {a: (sorted(sim), sorted(model)) for a, (sim, model) in panel.items()}
+    return out
+
+
+def plot(by_run, path):
+    # This directory's platform.py would shadow the standard library's,
+    # which matplotlib imports.
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [d for d in sys.path if os.path.abspath(d or ".") != here]
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = plot_series(by_run)
+    cols = min(3, len(panels))
+    nrows = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 3.8 * nrows), squeeze=False)
+    for ax, (label, lines) in zip(axes.flat, panels.items()):
+        for i, (algo, (sim, model)) in enumerate(lines.items()):
+            colour = f"C{i % 10}"
+            ax.plot([b for b, _ in sim], [t for _, t in sim], "-o", color=colour, markersize=3, label=algo)
+            if model:
+                ax.plot([b for b, _ in model], [m for _, m in model], "--", color=colour, linewidth=1)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(label.split(" -a ")[0], fontsize=9)
+        ax.set_xlabel("bytes", fontsize=8)
+        ax.set_ylabel("us (solid: simulated, dashed: model)", fontsize=7)
+        ax.tick_params(labelsize=7)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=6)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
 
 
 def markdown(by_run):
@@ -68,9 +124,14 @@ def markdown(by_run):
 
 def main():
     args = sys.argv[1:]
-    md = bool(args) and args[0] == "--markdown"
-    if md:
-        args = args[1:]
+    md, png = False, None
+    while args and args[0] in ("--markdown", "--plot"):
+        if args[0] == "--markdown":
+            md, args = True, args[1:]
+        elif len(args) > 1:
+            png, args = args[1], args[2:]
+        else:
+            sys.exit(__doc__)
     if not args:
         sys.exit(__doc__)
     data = [r for p in args for r in rows(p)]
@@ -82,6 +143,9 @@ def main():
     worst_auto = 1.0
     if md:
         markdown(by_run)
+    if png:
+        plot(by_run, png)
+        print(f"# wrote {png}")
     for label, rs in by_run.items():
         if not md:
             print(f"## {label}")

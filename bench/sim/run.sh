@@ -22,6 +22,9 @@
 # steps take 2.5 s. Only that untimed setup call uses MPI_Allgather here.
 # Computation is not simulated (smpi/simulate-computation:no): the times are
 # the network's alone, the same on any host running the simulation.
+# GRADSYNC_SIM_CFG: more smpirun options, e.g. "--cfg=smpi/lat-factor:0:1
+# --cfg=smpi/bw-factor:0:1" to turn off SMPI's size-dependent latency and
+# bandwidth factors (docs/benchmarks.md: what they do to the model's error).
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 bin=${GRADSYNC_SMPI_BIN:-$here/../../build-sim/gradsync-bench-smpi}
@@ -46,5 +49,5 @@ python3 "$here/platform.py" "$kind" "$np" "$tmp/platform.xml" "$tmp/hosts"
 # Not exec: the trap removes the generated platform afterwards.
 smpirun -np "$np" -platform "$tmp/platform.xml" -hostfile "$tmp/hosts" \
   --cfg=smpi/simulate-computation:no --cfg=smpi/test:1e-7 --cfg=smpi/allgather:bruck \
-  --cfg=smpi/shared-malloc:global --cfg=smpi/shared-malloc-blocksize:268435456 --cfg=smpi/display-timing:yes --log=root.thres:warning \
+  --cfg=smpi/shared-malloc:global --cfg=smpi/shared-malloc-blocksize:268435456 --cfg=smpi/display-timing:yes --log=root.thres:warning ${GRADSYNC_SIM_CFG:-} \
   "$bin" "$sub" -t mpi "$@"

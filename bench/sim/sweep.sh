@@ -1,7 +1,7 @@
 #!/bin/sh
 # The model-vs-simulation sweep of docs/benchmarks.md ("Every collective at
-# scale"): every schedule of allreduce, allgather, reduce_scatter and
-# broadcast on NP simulated ranks, on each platform, into OUT (one "## ..."
+# scale"): every schedule of allreduce, allgather, reduce_scatter,
+# broadcast and reduce on NP simulated ranks, on each platform, into OUT (one "## ..."
 # line per run), for bench/sim/accuracy.py.
 #   bench/sim/sweep.sh NP OUT [PLATFORMS] -- [bench options]
 # e.g. bench/sim/sweep.sh 64 sim64.txt "shared rail fast" -- -b 8 -e 16M -f 16 -n 2 -w 1
@@ -21,8 +21,9 @@ if [ "${1:-}" != "--" ] && [ $# -gt 0 ]; then platforms=$1; shift; fi
 for plat in $platforms; do
   gs=""
   [ "$plat" = rail ] && gs="--group-size 8"
-  for coll in "allreduce -a auto,ring,rd,rabenseifner,tree,dbtree,hier" "allgather -a auto,ring,bruck,rd" \
-              "reduce_scatter -a auto,ring,bruck,rd" "broadcast -a auto,tree,ring,scatter_allgather"; do
+  for coll in "allreduce -a auto,ring,rd,rabenseifner,tree,dbtree,hier" "allgather -a auto,ring,bruck,rd,hier" \
+              "reduce_scatter -a auto,ring,bruck,rd,hier" "broadcast -a auto,tree,ring,scatter_allgather,hier" \
+              "reduce -a auto,tree,ring,hier"; do
     echo "## $plat $np $coll" >> "$out"
     start=$(date +%s)
     # shellcheck disable=SC2086

@@ -121,13 +121,15 @@ template <transport C> double burst_step(C& c, int to, int from, int k, int iter
 }
 
 /// alpha and beta of one exchange step with partners `to` and `from` (-1:
-/// none), measured on every rank at once (see exchange_step), and the part
+/// none), measured on every rank at once (see exchange_step), what the sizes
+/// between 8 B and policy::calibrate_bytes cost beyond them (link_cost::
+/// extra; a rank with no partner measures 0), and the part
 /// of alpha a burst of messages overlaps (link_cost::latency: alpha less
 /// the per-message overhead the burst shows).
-/// `burst` false: no burst (latency left at alpha), for a step whose latency
-/// nothing uses.
+/// `full` false: beta alone (no sizes between, no burst: latency left at
+/// alpha), for a step whose other costs nothing uses.
 template <transport C>
-link_cost measure_step(C& c, int to, int from, int tag, int iters, std::span<std::byte> ws, bool burst = true) {
+link_cost measure_step(C& c, int to, int from, int tag, int iters, std::span<std::byte> ws, bool full = true) {
   // Start together (the barrier's own tag: its messages cannot match a step's).
   barrier(c, {.tag = tag + 1});
   const double small = exchange_step(c, to, from, 8, iters, tag);
@@ -136,7 +138,13 @@ link_cost measure_step(C& c, int to, int from, int tag, int iters, std::span<std
   link_cost l;
   l.alpha = l.latency = small;
   l.beta = std::max(0.0, large - small) / static_cast<double>(policy::calibrate_bytes);
-  if (burst) {
+  // The sizes between: what each costs beyond alpha + m beta (link_cost::extra).
+  for (std::size_t i = 0; full && i < policy::calibrate_mid_points; ++i) {
+    const std::size_t m = policy::calibrate_mid_bytes[i];
+    barrier(c, {.tag = tag + 1});
+    l.extra[i] = exchange_step(c, to, from, m, iters, tag, ws) - (small + static_cast<double>(m) * l.beta);
+  }
+  if (full) {
     barrier(c, {.tag = tag + 1});
     constexpr int k = 8;
     const double b = burst_step(c, to, from, k, std::max(5, iters / 4 + 1), tag);
@@ -274,6 +282,12 @@ template <transport C> selector calibrate(C& c, int group_size = 0, const option
   std::vector<double> v{local.alpha, local.beta, global.alpha, global.beta, kernels.gamma,
                         h, -h, parse_error ? 1.0 : 0.0, kernels.copy, direct.small, direct.large, direct.ring,
                         crowded.beta, static_cast<double>(groups.max_size()), local.latency, global.latency};
+  // The extras go as alpha + extra (the slowest rank's time beyond
+  // alpha + m beta; an extra alone could be negative) and come back as
+  // differences from the agreed alpha.
+  constexpr std::size_t mid = 16, nmid = policy::calibrate_mid_points;
+  for (std::size_t j = 0; j < nmid; ++j) v.push_back(local.alpha + local.extra[j]);
+  for (std::size_t j = 0; j < nmid; ++j) v.push_back(global.alpha + global.extra[j]);
   // A fixed schedule: `automatic` would consult a model, which is what this
   // call is still agreeing on.
   // Recursive doubling: ceil(log2 p) steps, where a ring's 2(p - 1) took
@@ -286,7 +300,12 @@ template <transport C> selector calibrate(C& c, int group_size = 0, const option
   GRADSYNC_REQUIRE(v[5] == -v[6], "GRADSYNC_ALGO", r, "differs between ranks (this rank: '" + spec + "')");
   cost_model m;
   m.local = {v[0], v[1], v[4], v[14]};
-  m.global = groups.count() > 1 ? link_cost{v[2], v[3], v[4], v[15]} : m.local;
+  link_cost across{v[2], v[3], v[4], v[15]};
+  for (std::size_t j = 0; j < nmid; ++j) {
+    m.local.extra[j] = v[mid + j] - v[0];
+    across.extra[j] = v[mid + nmid + j] - v[2];
+  }
+  m.global = groups.count() > 1 ? across : m.local;
   if (groups.max_size() <= 1) m.local = m.global; // groups of one rank: no link inside a group to time
   if (groups.count() > 1 && v[3] > 0) m.nic_share = std::clamp(v[12] / v[3], 1.0, std::max(1.0, v[13]));
   m.arena.copy = v[8];

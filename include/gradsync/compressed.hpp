@@ -223,9 +223,11 @@ compressed_prediction predict_compressed(const C& c, std::size_t count, const co
   r.dense = dense_of(n);
   if (p <= 1) return r;
   const double wire = 2 * q * n * k.ratio * l.beta;
-  r.ring = 2 * (pf - 1) * l.alpha + wire + n * k.encode + (2 * q + fb) * n * k.decode;
-  r.two_step = pf * l.alpha + wire + n * (1 + 1 / pf) * k.encode + (1 + q + fb * (1 + 1 / pf)) * n * k.decode;
-  r.sparse = 2 * (pf - 1) * l.alpha + (pf - 1) * n * k.ratio * l.beta + n * k.encode + (pf + fb) * n * k.decode;
+  const double shard = l.alpha_at(n * k.ratio / pf); // a message of the ring and two-step schedules
+  r.ring = 2 * (pf - 1) * shard + wire + n * k.encode + (2 * q + fb) * n * k.decode;
+  r.two_step = pf * shard + wire + n * (1 + 1 / pf) * k.encode + (1 + q + fb * (1 + 1 / pf)) * n * k.decode;
+  r.sparse = 2 * (pf - 1) * l.alpha_at(n * k.ratio) + (pf - 1) * n * k.ratio * l.beta + n * k.encode +
+             (pf + fb) * n * k.decode;
   const double density = z.codec.params.count("density") ? z.codec.number("density", 0.01) : 0.01;
   r.randk = dense_of(n * density) + n * (k.encode + k.decode);
   r.powersgd = 2 * dense_of(n * k.ratio / 2) + n * (k.encode + k.decode);

@@ -59,7 +59,10 @@ struct ref_model {
     const double k2 = std::log2(q2), f = q2 == p ? 0 : 1, A = l.A, B = l.B, G = l.G;
     switch (x) {
     case algorithm::ring: return 2.0 * (p - 1) * A + 2.0 * (p - 1) / p * n * B + (p - 1.0) / p * n * G;
-    case algorithm::tree: return 2 * L * A + 2 * L * n * B + L * n * G;
+    case algorithm::tree: { // the reduce pays alpha per segment per round, the broadcast once per round
+      const double k = std::max(1.0, std::ceil(n / seg));
+      return (k + 1) * L * A + 2 * L * n * B + L * n * G;
+    }
     case algorithm::rd: return (k2 + 2 * f) * A + (k2 + 2 * f) * n * B + (k2 + f) * n * G;
     case algorithm::rabenseifner:
       return (2 * k2 + 2 * f) * A + (2 * (q2 - 1.0) / q2 + 2 * f) * n * B + ((q2 - 1.0) / q2 + f) * n * G;
@@ -100,9 +103,11 @@ struct ref_model {
   double chain_A(int gs, int m) const { return m > 1 ? ((gs - 1) * loc.A + glob.A) / gs : loc.A; }
   double chain_B(int m) const { return m > 1 ? std::max(loc.B, glob.B) : loc.B; }
   double hop_B(int gs, int m) const { return m > 1 ? ((gs - 1) * loc.B + glob.B) / gs : loc.B; }
-  // One pass of the segmented binomial tree: the first segment over every
-  // round's link, the rest at the root's pace (it moves each one per round).
-  double tree_pass(double n, int p, int gs, int m, double sg) const {
+  // One pass of the segmented binomial tree. Broadcast: the first segment
+  // over every round's link, the rest at the root's pace (it moves each one
+  // per round). Reduce (`serial`): every segment over every round's link in
+  // turn (a rank waits for each send before the next segment).
+  double tree_pass(double n, int p, int gs, int m, double sg, bool serial = false) const {
     const double k = std::max(1.0, std::ceil(n / sg)), s = n / k;
     double first = 0, in = 0, out = 0;
     for (int d = 1; d < p; d *= 2)
@@ -113,6 +118,11 @@ struct ref_model {
         first += loc.A + s * loc.B;
         in += loc.B;
       }
+    if (serial) {
+      double all = 0;
+      for (int j = 0; j < static_cast<int>(k); ++j) all += first;
+      return all;
+    }
     return first + (k - 1) * s * std::max(in, out);
   }
   // The flat allreduces, each step costed by the links its pairs use; the
@@ -126,7 +136,7 @@ struct ref_model {
     switch (x) {
     case algorithm::ring:
       return 2.0 * (p - 1) * (chain_A(gs, m) + n / p * chain_B(m)) + (p - 1.0) / p * n * G;
-    case algorithm::tree: return 2 * tree_pass(n, p, gs, m, seg) + L * n * G;
+    case algorithm::tree: return tree_pass(n, p, gs, m, seg, true) + tree_pass(n, p, gs, m, seg) + L * n * G;
     case algorithm::rd: {
       double s = fold;
       for (int d = 1; d < q2; d *= 2) s += step(n, cross_xor(d, gs, m), gs, m);
@@ -226,7 +236,7 @@ struct ref_model {
     if (p <= 1) return 0;
     const double G = reduce ? loc.G : 0;
     switch (x) {
-    case algorithm::tree: return tree_pass(n, p, gs, m, sg) + ceil_lg(p) * n * G;
+    case algorithm::tree: return tree_pass(n, p, gs, m, sg, reduce) + ceil_lg(p) * n * G;
     case algorithm::ring: {
       const double k = std::max(1.0, std::ceil(n / sg)), s = n / k;
       return (p - 2) * (chain_A(gs, m) + s * (hop_B(gs, m) + G)) + k * (chain_A(gs, m) + s * (chain_B(m) + G));
@@ -445,6 +455,60 @@ TEST_CASE("select: hier's step between groups shares the NIC (choose_inner)") {
   CHECK(m.between_groups(0).beta == doctest::Approx(1e-9).epsilon(1e-15));
 }
 
+TEST_CASE("select: per-size message costs (link_cost::extra) by hand") {
+  static_assert(policy::calibrate_mid_points == 4 && policy::calibrate_mid_bytes[0] == 1024 &&
+                policy::calibrate_mid_bytes[3] == (512u << 10) && policy::calibrate_bytes == (8u << 20));
+  link_cost l{10e-6, 1e-9, 1e-10};
+  // Without extras every size pays alpha.
+  for (double m : {0.0, 8.0, 1000.0, 65536.0, 1e9}) CHECK(l.alpha_at(m) == 10e-6);
+  const double e[4] = {1e-6, 2e-6, 40e-6, 50e-6}; // at 1 KiB, 8 KiB, 64 KiB, 512 KiB
+  std::copy(e, e + 4, l.extra);
+  // A step per measured size: the extra of the largest measured size not
+  // above m; alpha alone below 1 KiB and from 8 MiB.
+  CHECK(l.alpha_at(8) == 10e-6);
+  CHECK(l.alpha_at(1023) == 10e-6);
+  CHECK(l.alpha_at(1024) == doctest::Approx(11e-6));
+  CHECK(l.alpha_at(8191) == doctest::Approx(11e-6));
+  CHECK(l.alpha_at(8192) == doctest::Approx(12e-6));
+  CHECK(l.alpha_at(49152) == doctest::Approx(12e-6));
+  CHECK(l.alpha_at(65536) == doctest::Approx(50e-6));
+  CHECK(l.alpha_at(131072) == doctest::Approx(50e-6));
+  CHECK(l.alpha_at(524288) == doctest::Approx(60e-6));
+  CHECK(l.alpha_at(8388607) == doctest::Approx(60e-6));
+  CHECK(l.alpha_at(8388608) == 10e-6);
+  CHECK(l.alpha_at(1e9) == 10e-6);
+  CHECK(l.msg(65536) == doctest::Approx(50e-6 + 65536 * 1e-9));
+  // Schedules on one group: each message pays the extra of its own size.
+  // Ring, 4 ranks, 256 KiB: 6 messages of 64 KiB, alpha + 40e-6 each; rd:
+  // 2 steps of the whole 256 KiB (64 KiB's extra too); with 1 MiB, rd's
+  // messages pay 512 KiB's extra.
+  const ref_model ref{{}, {}, static_cast<double>(policy::ring_segment_bytes)};
+  const double n = 262144;
+  CHECK(cost_model::flat(algorithm::ring, n, 4, l, policy::ring_segment_bytes) ==
+        doctest::Approx(ref.textbook(algorithm::ring, n, 4, {50e-6, 1e-9, 1e-10})).epsilon(1e-12));
+  CHECK(cost_model::flat(algorithm::rd, n, 4, l, policy::ring_segment_bytes) ==
+        doctest::Approx(ref.textbook(algorithm::rd, n, 4, {50e-6, 1e-9, 1e-10})).epsilon(1e-12));
+  CHECK(cost_model::flat(algorithm::rd, 4 * n, 4, l, policy::ring_segment_bytes) ==
+        doctest::Approx(ref.textbook(algorithm::rd, 4 * n, 4, {60e-6, 1e-9, 1e-10})).epsilon(1e-12));
+  // Rabenseifner, 4 ranks, 1 MiB: two steps of 256 KiB (64 KiB's extra) and two
+  // of 512 KiB (512 KiB's), plus 1.5 n beta and 0.75 n gamma.
+  CHECK(cost_model::flat(algorithm::rabenseifner, 4 * n, 4, l, policy::ring_segment_bytes) ==
+        doctest::Approx(2 * 50e-6 + 2 * 60e-6 + 1.5 * 4 * n * 1e-9 + 0.75 * 4 * n * 1e-10).epsilon(1e-12));
+  // The NIC shared between groups keeps the extras (only beta scales).
+  cost_model m;
+  m.local = l;
+  m.global = l;
+  m.nic_share = 8;
+  CHECK(m.between_groups(8).extra[2] == 40e-6);
+  CHECK(m.flat_link(topology{16, 8, 2}).extra[3] == 50e-6);
+  // Never below zero: a size that ran faster than alpha + m beta.
+  link_cost fast{1e-6, 1e-9, 0};
+  fast.extra[3] = -5e-6;
+  CHECK(fast.alpha_at(524288) == 0);
+  CHECK(fast.alpha_at(65536) == doctest::Approx(1e-6));
+  CHECK(fast.msg(524288) == doctest::Approx(524288 * 1e-9));
+}
+
 TEST_CASE("select: default model switches from latency- to bandwidth-optimal schedules") {
   const selector sel;
   const topology t{8, 8, 1};
@@ -570,6 +634,10 @@ TEST_CASE("select: calibrate agrees one model on every rank") {
       }
       CHECK(m.local.gamma > 0);
       CHECK(m.arena.copy > 0);
+      for (std::size_t j = 0; j < policy::calibrate_mid_points; ++j) {
+        CHECK(std::isfinite(m.local.extra[j]));
+        if (p == 1) CHECK(m.local.extra[j] == 0); // no partner: nothing timed
+      }
       if (p > 1) CHECK(m.arena.sync == m.local.alpha); // inproc has no arena: the local alpha stands in
       if (p > 2) CHECK(m.global.alpha > 0);
     }
@@ -592,7 +660,8 @@ TEST_CASE("select: calibrate fails on every rank for a malformed GRADSYNC_ALGO")
 TEST_CASE("select: broadcast and reduce pick tree, chain or scatter-allgather by the model") {
   // One group, link {10 us, 1e-10, 1e-10}, segments of S = 256 KiB:
   //  tree: L = ceil(lg p) rounds of the whole message (the segments follow
-  //    at the root's pace, L beta each): L (alpha + n (beta + gamma));
+  //    at the root's pace, L beta each): L (alpha + n (beta + gamma)); a
+  //    reduce's k segments each pay the L alphas: k L alpha + L n (beta + gamma);
   //  chain: (p - 2 + k) (alpha + n/k (beta + gamma)), k = ceil(n / S);
   //  scatter_allgather (broadcast only): a binomial scatter of L rounds
   //    moving p - 1 blocks of n/p in all, then the ring allgather:
@@ -605,8 +674,8 @@ TEST_CASE("select: broadcast and reduce pick tree, chain or scatter-allgather by
       for (bool red : {false, true}) {
         const double L = std::ceil(std::log2(p)), n = static_cast<double>(bytes), S = 1 << 18;
         const double g = red ? 1e-10 : 0;
-        const double tree = L * (10e-6 + n * (1e-10 + g));
         const double k = std::max(1.0, std::ceil(n / S));
+        const double tree = (red ? k : 1) * L * 10e-6 + L * n * (1e-10 + g); // a reduce: alpha per segment
         const double chain = (p - 2 + k) * (10e-6 + n / k * (1e-10 + g));
         const double sa = red ? std::numeric_limits<double>::infinity()
                               : L * 10e-6 + (p - 1.0) / p * n * 1e-10 + (p - 1) * (10e-6 + n / p * 1e-10);
@@ -895,9 +964,10 @@ TEST_CASE("select: scatter-allgather broadcast by hand, and chosen for large bro
   CHECK(w.rooted(algorithm::ring, big, t, false, seg) == doctest::Approx(2434.7232e-6).epsilon(1e-12));
   CHECK(w.rooted(algorithm::scatter_allgather, big, t, false, seg) == doctest::Approx(1170.7536e-6).epsilon(1e-12));
   CHECK(sel.choose_rooted(big, t, false, seg) == algorithm::scatter_allgather);
-  // reduce of 4 MiB (gamma too): tree 2546.5824 + 2516.5824 = 5063.1648 us;
-  // chain 78 (5e-6 + 256 Ki x 2e-10) = 4479.4464 us: the chain.
-  CHECK(w.rooted(algorithm::tree, big, t, true, seg) == doctest::Approx(5063.1648e-6).epsilon(1e-12));
+  // reduce of 4 MiB (gamma too; the tree's 16 segments each pay 6 alphas):
+  // tree 16 x 6 x 5e-6 + 2516.5824 + 2516.5824 = 5513.1648 us; chain 78
+  // (5e-6 + 256 Ki x 2e-10) = 4479.4464 us: the chain.
+  CHECK(w.rooted(algorithm::tree, big, t, true, seg) == doctest::Approx(5513.1648e-6).epsilon(1e-12));
   CHECK(w.rooted(algorithm::ring, big, t, true, seg) == doctest::Approx(4479.4464e-6).epsilon(1e-12));
   CHECK(sel.choose_rooted(big, t, true, seg) == algorithm::ring);
   // broadcast of 8 B: the tree's 6 alphas (30.0048 us) beat the chain's 63
@@ -996,7 +1066,7 @@ TEST_CASE("select: the chain broadcast and reduce on several groups by hand") {
   m.global = {10e-6, 1e-9, 3e-10};
   const topology t{16, 4, 4};
   const std::size_t n = 1 << 20, seg = 1 << 18;
-  CHECK(m.chain_alpha(t) == doctest::Approx(3.25e-6).epsilon(1e-12));
+  CHECK(m.chain_alpha(t, 4096) == doctest::Approx(3.25e-6).epsilon(1e-12));
   CHECK(m.hop_beta(t) == doctest::Approx(3.25e-10).epsilon(1e-12));
   CHECK(m.chain_beta(t) == doctest::Approx(1e-9).epsilon(1e-12));
   CHECK(m.rooted(algorithm::ring, n, t, false, seg) == doctest::Approx(2299.8312e-6).epsilon(1e-12));

@@ -44,6 +44,29 @@ struct link_cost {
   /// in turn). 0: none overlaps, every message pays all of alpha (the
   /// uncalibrated default; calibrate() measures it with a burst of messages).
   double latency = 0;
+  /// What a message of policy::calibrate_mid_bytes[i] costs beyond
+  /// alpha + m beta (calibrate() times a step at each size; all 0: the
+  /// textbook model). Protocol switches (eager to rendezvous) and mid-size
+  /// bandwidth below the link's live here. May be negative (a size that
+  /// stays in cache).
+  double extra[policy::calibrate_mid_points]{};
+
+  /// The per-message part of a message of `m` bytes: alpha plus the extra
+  /// of the largest measured size not above m (protocols switch at size
+  /// thresholds: a 32 KiB message pays 8 KiB's extra, not a share of the
+  /// rendezvous step that 64 KiB shows); alpha alone below the first
+  /// measured size and from policy::calibrate_bytes (where beta is timed).
+  /// Never below 0.
+  double alpha_at(double m) const noexcept {
+    constexpr std::size_t k = policy::calibrate_mid_points;
+    if (!(m >= static_cast<double>(policy::calibrate_mid_bytes[0])) || m >= static_cast<double>(policy::calibrate_bytes))
+      return alpha;
+    std::size_t i = 0;
+    while (i + 1 < k && m >= static_cast<double>(policy::calibrate_mid_bytes[i + 1])) ++i;
+    return std::max(0.0, alpha + extra[i]);
+  }
+  /// Seconds of one message of `m` bytes on this link alone.
+  double msg(double m) const noexcept { return alpha_at(m) + m * beta; }
 };
 
 /// Costs of the shared-memory arena allreduce (algorithm::direct,
@@ -109,7 +132,9 @@ struct cost_model {
   /// (local with one group): global with its beta shared nic_share ways.
   link_cost flat_link(const topology& t) const {
     if (t.groups <= 1) return local;
-    return {global.alpha, global.beta * contention(t, t.group_size), global.gamma, global.latency};
+    link_cost l = global;
+    l.beta *= contention(t, t.group_size);
+    return l;
   }
   /// How many crossing messages share one link when `crossing` ranks of a
   /// group cross at once.
@@ -129,18 +154,19 @@ struct cost_model {
   /// `cross` ranks of each group send theirs to another group (sharing its
   /// link: contention): the slowest pair bounds the step.
   double step(const topology& t, double m, int cross) const {
-    const double in = local.alpha + m * local.beta;
+    const double in = local.msg(m);
     if (t.groups <= 1 || cross <= 0) return in;
-    return std::max(in, global.alpha + m * global.beta * contention(t, cross));
+    return std::max(in, global.alpha_at(m) + m * global.beta * contention(t, cross));
   }
   /// Per-hop latency and per-byte cost of a chain of sends to the next rank
   /// (ring, pipelined chain): one hop in group_size leaves the group, and
   /// the hops run concurrently, so bandwidth is the slower link's (one
   /// crossing message per group: no contention).
-  double chain_alpha(const topology& t) const {
-    if (t.groups <= 1) return local.alpha;
+  /// (`m`: the bytes of each hop's message.)
+  double chain_alpha(const topology& t, double m) const {
+    if (t.groups <= 1) return local.alpha_at(m);
     const double g = std::max(1, t.group_size);
-    return ((g - 1) * local.alpha + global.alpha) / g;
+    return ((g - 1) * local.alpha_at(m) + global.alpha_at(m)) / g;
   }
   double chain_beta(const topology& t) const {
     return t.groups <= 1 ? local.beta : std::max(local.beta, global.beta);
@@ -154,23 +180,28 @@ struct cost_model {
   }
 
   /// One pass of the segmented binomial tree (tree.hpp: reduce or broadcast)
-  /// of n bytes in k segments of at most `seg`: the first segment crosses
-  /// every round's link (round d: the rank d away, crossing where d spans a
-  /// group, one crossing per group), the other k - 1 follow at the busiest
-  /// rank's pace, the root, which moves every segment once per round.
-  double tree_phase(const topology& t, double n, double seg) const {
+  /// of n bytes in k segments of at most `seg`. Broadcast: the first segment
+  /// crosses every round's link (round d: the rank d away, crossing where d
+  /// spans a group, one crossing per group), the other k - 1 follow at the
+  /// busiest rank's pace, the root, which moves every segment once per
+  /// round. Reduce (`serial`): a rank waits for each segment's send before
+  /// it takes the next (tree.hpp's reduce_segment), so the root receives
+  /// every segment from every child in turn, k times the first segment's
+  /// path (SimGrid SMPI, 64 ranks, 100 Gbit/s NICs, 8 MiB: the pipelined
+  /// form predicted 27 % of the simulated reduce).
+  double tree_phase(const topology& t, double n, double seg, bool serial = false) const {
     const int p = t.ranks;
     const double k = std::max(1.0, std::ceil(n / std::max(1.0, seg))), s = n / k;
     double first = 0, lin = 0, lout = 0;
     for (int d = 1; d < p; d *= 2)
       if (t.groups > 1 && d >= t.group_size) {
-        first += global.alpha + s * global.beta;
+        first += global.msg(s);
         lout += global.beta;
       } else {
-        first += local.alpha + s * local.beta;
+        first += local.msg(s);
         lin += local.beta;
       }
-    return first + (k - 1) * s * std::max(lin, lout);
+    return serial ? k * first : first + (k - 1) * s * std::max(lin, lout);
   }
   /// Predicted seconds of a flat allreduce of `n` bytes over `p` ranks on
   /// link `l` (`seg`: pipeline segment bytes). NaN for hier/twod/automatic.
@@ -195,8 +226,8 @@ struct cost_model {
     const double folds = fold * 2 * step(t, n, crossing(t, 1, false));
     switch (a) {
     case algorithm::ring:
-      return 2 * (p - 1) * (chain_alpha(t) + n / p * chain_beta(t)) + (p - 1.0) / p * n * g;
-    case algorithm::tree: return 2 * tree_phase(t, n, seg) + lg * n * g; // reduce, then broadcast
+      return 2 * (p - 1) * (chain_alpha(t, n / p) + n / p * chain_beta(t)) + (p - 1.0) / p * n * g;
+    case algorithm::tree: return tree_phase(t, n, seg, true) + tree_phase(t, n, seg) + lg * n * g; // reduce, then broadcast
     case algorithm::rd: {
       double s = folds;
       for (int d = 1; d < pof2; d *= 2) s += step(t, n, crossing(t, d, false));
@@ -221,7 +252,8 @@ struct cost_model {
       // contended link for all k + 2h stages predicted 5.4x the simulated
       // time at 512 KiB, k = 1).
       const link_cost l = flat_link(t), one = t.groups > 1 ? global : local;
-      return 2 * h * (one.alpha + 4 * sz * one.beta + 2 * sz * g) + k * (l.alpha + 4 * sz * l.beta + 2 * sz * g);
+      return 2 * h * (one.alpha_at(sz) + 4 * sz * one.beta + 2 * sz * g) +
+             k * (l.alpha_at(sz) + 4 * sz * l.beta + 2 * sz * g);
     }
     default: return std::numeric_limits<double>::quiet_NaN();
     }
@@ -229,13 +261,14 @@ struct cost_model {
   /// The link of hier's step between groups of g: all g ranks of a group
   /// cross at once, each with its own shard.
   link_cost between_groups(int g) const {
-    return {global.alpha, global.beta * std::clamp(static_cast<double>(g), 1.0, std::max(1.0, nic_share)), global.gamma,
-            global.latency};
+    link_cost l = global;
+    l.beta *= std::clamp(static_cast<double>(g), 1.0, std::max(1.0, nic_share));
+    return l;
   }
   /// Hierarchical: ring reduce-scatter inside groups of g, the best flat
   /// allreduce of n/g bytes across the m groups, ring allgather inside groups.
   double hier(double n, int g, int m, double seg) const {
-    const double local_part = 2 * (g - 1) * local.alpha + 2.0 * (g - 1) / g * n * local.beta +
+    const double local_part = 2 * (g - 1) * local.alpha_at(n / g) + 2.0 * (g - 1) / g * n * local.beta +
                               (g - 1.0) / g * n * local.gamma;
     return local_part + best_flat(n / g, m, between_groups(g), seg).second;
   }
@@ -243,7 +276,7 @@ struct cost_model {
   /// step a ring, all on the flat link.
   double twod(double n, int p, int w, const link_cost& l) const {
     const int rows = (p + w - 1) / w;
-    return 2 * (w - 1) * l.alpha + 2.0 * (w - 1) / w * n * l.beta + (w - 1.0) / w * n * l.gamma +
+    return 2 * (w - 1) * l.alpha_at(n / w) + 2.0 * (w - 1) / w * n * l.beta + (w - 1.0) / w * n * l.gamma +
            flat(algorithm::ring, n / w, rows, l, 1);
   }
   /// The cheapest flat schedule and its cost (ties: the earlier in the list).
@@ -318,7 +351,7 @@ struct cost_model {
     if (p <= 1) return 0;
     const double b = n / p, g = reduce ? local.gamma : 0;
     switch (a) {
-    case algorithm::ring: return (p - 1) * (chain_alpha(t) + b * (chain_beta(t) + g));
+    case algorithm::ring: return (p - 1) * (chain_alpha(t, b) + b * (chain_beta(t) + g));
     case algorithm::bruck: {
       double s = 0;
       if (reduce) {
@@ -358,7 +391,7 @@ struct cost_model {
       const double across = best_flat_gather(all, groups, global, reduce).second;
       const double inside = best_flat_rooted(static_cast<std::size_t>(all), gs, local, reduce, seg).second;
       if (!reduce) return best_flat_gather(b * gs, gs, local, false).second + across + inside + all * arena.copy;
-      return all * arena.copy + inside + across + (gs - 1) * (local.alpha + b * local.beta);
+      return all * arena.copy + inside + across + (gs - 1) * local.msg(b);
     }
     default: return std::numeric_limits<double>::infinity();
     }
@@ -422,7 +455,8 @@ struct cost_model {
     if (p <= 1) return 0;
     const auto n = static_cast<double>(bytes);
     const double g = reduce ? local.gamma : 0;
-    if (a == algorithm::tree) return tree_phase(t, n, static_cast<double>(seg)) + std::bit_width(static_cast<unsigned>(p) - 1) * n * g;
+    if (a == algorithm::tree)
+      return tree_phase(t, n, static_cast<double>(seg), reduce) + std::bit_width(static_cast<unsigned>(p) - 1) * n * g;
     if (a == algorithm::scatter_allgather) {
       const double b = n / p;
       double s = 0;
@@ -430,12 +464,12 @@ struct cost_model {
       // children forward theirs meanwhile (one sender per group crossing)
       for (int m = static_cast<int>(std::bit_ceil(static_cast<unsigned>(p))) / 2; m >= 1; m /= 2)
         s += step(t, std::min(m, p - m) * b, t.groups > 1 && m >= t.group_size ? 1 : 0);
-      return s + (p - 1) * (chain_alpha(t) + b * chain_beta(t));
+      return s + (p - 1) * (chain_alpha(t, b) + b * chain_beta(t));
     }
     // The chain: the first segment fills p - 2 hops (at each hop's own
     // speed), then k segments leave at the slowest link's pace.
     const double k = std::max(1.0, std::ceil(n / static_cast<double>(seg))), sz = n / k;
-    return (p - 2) * (chain_alpha(t) + sz * (hop_beta(t) + g)) + k * (chain_alpha(t) + sz * (chain_beta(t) + g));
+    return (p - 2) * (chain_alpha(t, sz) + sz * (hop_beta(t) + g)) + k * (chain_alpha(t, sz) + sz * (chain_beta(t) + g));
   }
   /// The same on p ranks in one group without an arena.
   double rooted(algorithm a, std::size_t bytes, int p, bool reduce, std::size_t seg) const {
@@ -505,7 +539,7 @@ struct cost_model {
       const double g = t.group_size, n = t.groups;
       auto windowed = [&](double k, const link_cost& c, double beta, double bytes) {
         const double lat = std::clamp(c.latency, 0.0, c.alpha);
-        return std::ceil(k / std::max(1, window)) * lat + k * (c.alpha - lat + bytes * beta);
+        return std::ceil(k / std::max(1, window)) * lat + k * (c.alpha_at(bytes) - lat + bytes * beta);
       };
       return 2 * windowed(g - 1, local, local.beta, n * m) +
              windowed(std::ceil((n - 1) / g), global, global.beta * contention(t, t.group_size), g * g * m) +

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 
 namespace gradsync::policy {
 
@@ -102,6 +103,22 @@ inline constexpr double shm_model_arena_sync = 0.42e-6;
 /// takes well under a second.
 inline constexpr int calibrate_iters = 20;
 inline constexpr std::size_t calibrate_bytes = std::size_t{8} << 20;
+/// Message sizes between 8 B (alpha) and calibrate_bytes (beta) at which
+/// calibrate() also times a step, so the model knows what a message of that
+/// size costs beyond alpha + beta m (link_cost::extra): MPI libraries switch
+/// protocols by size (eager to rendezvous: one more round trip), and SMPI
+/// models that with latency factors from 2x at 8 B to 11.6x from 65472 B
+/// and bandwidth factors of 0.34-1.09 in between. Without the points, 64
+/// simulated ranks (`shared`) had the two-level allgather of 512 KiB at
+/// -49 % of its time and `auto` took it over the ring (1079 vs 809 us);
+/// with SMPI's factors off the same model was -22 % and auto right. With
+/// the points, the 64-rank sweep of every schedule on the three simulated
+/// platforms is within the model's target at 356 of 393 points (292
+/// before; docs/benchmarks.md, "Message costs by size"). Powers of 8 from
+/// 1 KiB: SMPI's factor changes at 1.4, 3.5, 5.8, 9.4, 15 and 64 KiB.
+inline constexpr std::size_t calibrate_mid_bytes[] = {std::size_t{1} << 10, std::size_t{8} << 10,
+                                                     std::size_t{64} << 10, std::size_t{512} << 10};
+inline constexpr std::size_t calibrate_mid_points = std::size(calibrate_mid_bytes);
 
 /// How long a blocked send/receive waits for its peer before failing with an
 /// error instead of hanging (a peer that never calls the collective, or calls
