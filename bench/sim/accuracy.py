@@ -46,6 +46,15 @@ def human(b):
     return f"{b} B"
 
 
+def by_run_of(paths):
+    """Every table row of `paths`, {label: [(size, algo, time, model)]} in file order."""
+    runs = {}
+    for p in paths:
+        for label, size, algo, t, m in rows(p):
+            runs.setdefault(label, []).append((size, algo, t, m))
+    return runs
+
+
 def plot_series(by_run):
     """What --plot draws: {label: {schedule: (simulated, model)}}, each a
     sorted [(bytes, us)] list (the model's only where the row has one)."""
@@ -134,11 +143,8 @@ def main():
             sys.exit(__doc__)
     if not args:
         sys.exit(__doc__)
-    data = [r for p in args for r in rows(p)]
     model_pts = model_miss = 0
-    by_run = {}
-    for label, size, algo, t, m in data:
-        by_run.setdefault(label, []).append((size, algo, t, m))
+    by_run = by_run_of(args)
     auto_pts = auto_ok = 0
     worst_auto = 1.0
     if md:

@@ -51,10 +51,7 @@ with tempfile.TemporaryDirectory() as d:
     spec = importlib.util.spec_from_file_location("accuracy", acc_py)
     acc = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(acc)
-    by_run = {}
-    for label, size, algo, t, m in acc.rows(run):
-        by_run.setdefault(label, []).append((size, algo, t, m))
-    s = acc.plot_series(by_run)
+    s = acc.plot_series(acc.by_run_of([run]))
     assert set(s) == {"shared 64 allreduce -a auto,ring,rd", "rail 64 broadcast -a auto,tree"}, sorted(s)
     ar = s["shared 64 allreduce -a auto,ring,rd"]
     assert set(ar) == {"ring", "rd"}, sorted(ar)  # neither auto nor native is drawn
