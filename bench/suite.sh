@@ -7,10 +7,10 @@
 # collectives; compressed allreduce (shm, and over a 1 Gbit/s link between
 # network namespaces when run as root: bench/netrig.sh); tensor fusion; the
 # codecs; a cliff sweep over shm (bench/cliff_check.py: busbw drops > 30 %
-# between sizes or runs, 1-256 MiB); last, bench/auto_check.py's tables (per size, auto
-# against the best fixed algorithm) and bench/versus.py's (ring and shm
-# against MPI's own allreduce, busbw against the memcpy limit); bench/plot.py's
-# PNGs of all of it.
+# between sizes or runs, 1-256 MiB, flagged points rerun standalone); last,
+# bench/auto_check.py's tables (per size, auto against the best fixed
+# algorithm) and bench/versus.py's (ring and shm against MPI's own allreduce,
+# busbw against the memcpy limit); bench/plot.py's PNGs of all of it.
 # Usage: bench/suite.sh [BUILD_DIR]   (tables on stdout; JSON lines in BUILD_DIR/bench-results,
 # plots in BUILD_DIR/bench-results/plots)
 set -euo pipefail
@@ -31,6 +31,7 @@ run "$bench" "${inproc8[@]}" -b 1M -e 16M -f 4 -n 10 -w 2 --json "$out/inproc8-a
 checked=("$out"/inproc8-allreduce-small.json "$out"/inproc8-allreduce-large.json)
 versus=()
 cliff=()
+cliff_rerun=()
 
 if command -v mpiexec >/dev/null && "$bench" allreduce --help 2>/dev/null | grep -q mpi; then
   every=ring,tree,dbtree,rd,rabenseifner,auto
@@ -61,15 +62,34 @@ if command -v mpiexec >/dev/null && "$bench" allreduce --help 2>/dev/null | grep
   # 256 MiB, twice; bench/cliff_check.py below prints any size where busbw
   # drops > 30 % from the size before, or between the two runs, judged against
   # a memcpy of that size measured just before its rows (--memcpy-each-size).
+  # Iterations automatic (200 calls at 1 MiB down to 5 from 205 MiB, about
+  # 1 GiB per row): with 5 calls per row a single preemption at 1-32 MiB
+  # showed as a run-to-run cliff.
+  rm -f "$out"/shm-cliff-*.json
   for run_no in 1 2; do
     for spec in "allreduce direct,ring,tree,dbtree,rd,rabenseifner" "reduce_scatter direct,ring" \
                 "allgather direct,ring" "broadcast direct,ring,tree" "reduce direct,ring,tree"; do
       set -- $spec
-      run mpiexec -n 2 "$bench" "$1" -t shm -a "$2" -b 1M -e 256M -n 5 -w 1 -c 0 --memcpy-each-size \
+      run mpiexec -n 2 "$bench" "$1" -t shm -a "$2" -b 1M -e 256M -c 0 --memcpy-each-size \
         --json "$out/shm-cliff-$1-$run_no.json"
       cliff+=("$out/shm-cliff-$1-$run_no.json")
     done
   done
+  # Each flagged point measured again standalone (one launch per size, as a
+  # user runs it), three times: cliff_check.py --rerun keeps a cliff only if
+  # the best rerun reproduces it, and lists the rest as transient.
+  if command -v python3 >/dev/null; then
+    run python3 "$(dirname "$0")/cliff_check.py" --points "$out/shm-cliff-points.txt" "${cliff[@]}"
+    k=0
+    while read -r -u 3 np coll transport algo bytes; do  # fd 3: mpiexec reads stdin
+      for _ in 1 2 3; do
+        k=$((k + 1))
+        run mpiexec -n "$np" "$bench" "$coll" -t "$transport" -a "$algo" -b "$bytes" -e "$bytes" -c 0 \
+          --memcpy-each-size --json "$out/shm-cliff-rerun-$k.json"
+        cliff_rerun+=("$out/shm-cliff-rerun-$k.json")
+      done
+    done 3< "$out/shm-cliff-points.txt"
+  fi
 fi
 
 # Compressed allreduce beside the dense one, and where `automatic` decides:
@@ -104,7 +124,10 @@ run "$bench" compress -z fp16 -z bf16 -z int8 -z int4 -z sign -z qsgd -z terngra
 
 if command -v python3 >/dev/null; then
   run python3 "$(dirname "$0")/auto_check.py" "${checked[@]}"
-  if [ "${#cliff[@]}" -gt 0 ]; then run python3 "$(dirname "$0")/cliff_check.py" "${cliff[@]}"; fi
+  if [ "${#cliff[@]}" -gt 0 ]; then
+    if [ "${#cliff_rerun[@]}" -gt 0 ]; then cliff+=(--rerun "${cliff_rerun[@]}"); fi
+    run python3 "$(dirname "$0")/cliff_check.py" "${cliff[@]}"
+  fi
   for v in "${versus[@]}"; do
     # shellcheck disable=SC2086 # each entry is: OURS THEIRS FILE...
     run python3 "$(dirname "$0")/versus.py" $v

@@ -5,7 +5,9 @@ first run's busbw is reported as a run-to-run cliff, a smooth series and
 sizes outside 1-256 MiB are not, and malformed input exits 2. With memcpy
 rows (--memcpy-each-size): a drop memcpy shows too (the cache's edge, a
 slower run) is a "memory:" line, not a cliff; one it does not show is a
-cliff, judged against memcpy.
+cliff, judged against memcpy. --points lists each flagged point; with
+--rerun, a point whose standalone rerun comes back within 30 % is a
+"transient:" line, and one whose rerun stays low is still a cliff.
 
 usage: test_cliff.py CLIFF_CHECK.py"""
 import json
@@ -71,4 +73,35 @@ with tempfile.TemporaryDirectory() as d:
     assert rc == 0 and len(cliffs) == 2, cliffs
     assert any("at 16 MiB: runs of one size from 10.00 GB/s = 0.50 x memcpy to 5.00 GB/s = 0.25 x memcpy: 50 % lower "
                "against memcpy" in c for c in cliffs), cliffs
+
+    # Reruns: the 2 -> 4 MiB step (6.0 -> 3.0) and 8 MiB's run-to-run drop
+    # (6.5 -> 3.25) of one + two. --points names both points.
+    pts_file = os.path.join(d, "points.txt")
+    rc, cliffs = run("--points", pts_file, one, two)
+    assert rc == 0 and len(cliffs) == 2, cliffs
+    assert open(pts_file).read().splitlines() == [f"2 broadcast shm direct {4 * M}", f"2 broadcast shm direct {8 * M}"]
+    # A rerun of 4 MiB at 5.0 (within 30 % of 2 MiB's 6.0): transient; two
+    # reruns of 8 MiB at 3.0 and 4.0 (best 4.0, 38 % below 6.5): still a cliff.
+    r1, r2, r3 = (os.path.join(d, f"r{i}.json") for i in (1, 2, 3))
+    open(r1, "w").write(rows([(4 * M, 5.0)]))
+    open(r2, "w").write(rows([(8 * M, 3.0)]))
+    open(r3, "w").write(rows([(8 * M, 4.0)]))
+    out = subprocess.run([sys.executable, check, one, two, "--rerun", r1, r2, r3], capture_output=True, text=True).stdout
+    cl = [l for l in out.splitlines() if l.startswith("cliff:")]
+    tr = [l for l in out.splitlines() if l.startswith("transient:")]
+    assert len(cl) == 1 and "at 8 MiB: runs of one size from 6.50 GB/s to 3.25 GB/s: 50 % lower; standalone reruns' " \
+        "best 4.00 GB/s (of 2) still" in cl[0], out
+    assert len(tr) == 1 and "from 2 MiB (6.00 GB/s) to 4 MiB (3.00 GB/s): 50 % lower; standalone reruns' best " \
+        "5.00 GB/s (of 1), within 30 %" in tr[0], out
+    assert "# cliff check: 1 cliff(s)" in out and "1 not reproduced by standalone reruns" in out, out
+    rc, _ = run("--strict", one, two, "--rerun", r1, r2, r3)
+    assert rc == 1
+    # Against memcpy: the rerun is judged by its own memcpy rows. 64 -> 128
+    # MiB in m1 is 0.50 -> 0.30 x memcpy; a rerun at 3.0 GB/s with memcpy 6.0
+    # (0.50 x: a slow moment of the machine, same ratio) is transient.
+    r4 = os.path.join(d, "r4.json")
+    open(r4, "w").write(with_memcpy([(128 * M, 3.0, 6.0)]))
+    out = subprocess.run([sys.executable, check, m1, "--rerun", r4], capture_output=True, text=True).stdout
+    assert "# cliff check: 0 cliff(s)" in out and "transient: broadcast shm np=2 direct f32 from 64 MiB" in out \
+        and "best 3.00 GB/s = 0.50 x memcpy (of 1)" in out, out
 print("ok")
