@@ -23,7 +23,8 @@
 // round k stages bytes [k s, (k + 1) s) of every outgoing block before it
 // copies the same range of every incoming block over them, and later rounds
 // touch later ranges only.
-// Cost: rounds x sync + 2 (p - 1) m x copy (select.hpp's exchange()).
+// Cost: rounds x sync + p m x copy (select.hpp's exchange(): staging and copying out through
+// the cached arena move each byte through memory about once; the own block copied directly).
 #pragma once
 
 #include <algorithm>

@@ -490,13 +490,17 @@ struct cost_model {
 
   /// Predicted seconds of an alltoall(v) by `a` moving `m` bytes to each of
   /// p - 1 peers on link `l` (docs/algorithms.md): `pairwise` one pair of
-  /// messages per step, (p-1)(alpha + beta m); `scattered` `window` peers
+  /// messages per step, (p-1)(alpha + beta m), plus the own block's local
+  /// copy (m arena.copy); `scattered` `window` peers
   /// in flight: the same (alpha is mostly per-message software cost, which
   /// a window does not overlap), a hair cheaper so ties go to it; `bruck` (equal blocks only) ceil(log2 p) rounds of up to ceil(p/2)
   /// packed blocks plus three local passes over the p blocks (rotate, pack,
   /// unrotate) at memcpy speed (arena.copy); `hier` (equal blocks, several
   /// groups) two phases, inside the groups then across; `direct` (t.shared_arena only)
-  /// one arena synchronisation per round and two copies of every byte.
+  /// one arena synchronisation per round, and p m copied: each byte is
+  /// staged into the arena and copied out of it, and the arena half stays in
+  /// cache, so the pair moves a byte through memory about once, as one
+  /// memcpy does (own block included).
   /// Infinity for anything else.
   double exchange(algorithm a, double m, const topology& t, int window = policy::alltoall_window) const {
     const int p = t.ranks;
@@ -509,8 +513,13 @@ struct cost_model {
       for (int k = 1; k < p; ++k) sum += step(t, m, crossing(t, k, true));
       return sum;
     };
+    // The own block, copied locally by pairwise and scattered (exchange::
+    // copy_self). Without it the model put pairwise at 853 us for 8 MiB
+    // blocks on 2 shm ranks against 1556 measured (direct: 1226 against
+    // 1377) and picked it over direct up to 1.4x slower (docs/benchmarks.md).
+    const double own = m * arena.copy;
     switch (a) {
-    case algorithm::pairwise: return steps();
+    case algorithm::pairwise: return steps() + own;
     case algorithm::scattered: {
       // `window` messages in flight overlap their latency (link_cost::
       // latency, once per window); the rest of alpha, posting and matching,
@@ -521,7 +530,7 @@ struct cost_model {
       // alpha per extra message in flight, so ties go to scattered.
       const int w = std::min(std::max(1, window), p - 1);
       const double lat = std::clamp(l.latency, 0.0, l.alpha);
-      return std::ceil((p - 1.0) / w) * lat + steps() - (p - 1) * lat - (w - 1) * 1e-3 * l.alpha;
+      return std::ceil((p - 1.0) / w) * lat + steps() - (p - 1) * lat - (w - 1) * 1e-3 * l.alpha + own;
     }
     case algorithm::bruck: {
       double sum = 0; // round d: ceil(p/2) packed blocks to the rank d away
@@ -549,10 +558,11 @@ struct cost_model {
       if (!t.shared_arena) return std::numeric_limits<double>::infinity();
       // algo/alltoall_direct.hpp: rounds of (half - header) / p bytes per
       // peer, one synchronisation each; every byte staged once and copied
-      // out once.
+      // out once through the cached arena (about one memcpy per byte), the
+      // own block copied directly.
       const double slice = std::max(64.0, (arena.half_bytes - 16.0 * p) / p);
       const double rounds = std::max(1.0, std::ceil(m / slice));
-      return rounds * arena.sync + 2.0 * (p - 1) * m * arena.copy;
+      return rounds * arena.sync + p * m * arena.copy;
     }
     default: return std::numeric_limits<double>::infinity();
     }
