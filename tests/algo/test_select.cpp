@@ -15,6 +15,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace gradsync;
@@ -1209,4 +1210,56 @@ TEST_CASE("select: table entries naming gather and broadcast schedules") {
   CHECK(!selector::exchange_only(algorithm::rd));
   // "direct" without an arena is no choice for broadcast: the model's.
   CHECK(selector(m, parse_algo_table("direct")).choose_rooted(8, t, false, seg) == model.choose_rooted(8, t, false, seg));
+}
+
+TEST_CASE("selector: remembered choices are the model's, across sizes, topologies, kinds and threads") {
+  // A long-lived selector answers from its memo after the first call; a
+  // fresh selector (empty memo) answers every question from the model. Many
+  // questions share a slot (64 slots), so answers are stored, evicted and
+  // asked again in every order.
+  cost_model m = cost_model::shared_memory();
+  m.global = link_cost{20e-6, 1e-9, 1e-10, 10e-6};
+  m.nic_share = 4;
+  const std::vector<topology> topos{{2, 2, 1, true}, {8, 8, 1, false}, {16, 4, 4, false}, {64, 8, 8, false},
+                                    {5, 5, 1, true}};
+  std::vector<std::size_t> sizes;
+  for (std::size_t b = 1; b <= (std::size_t{64} << 20); b *= 3) sizes.push_back(b);
+  const std::vector<std::size_t> segs{std::size_t{64} << 10, std::size_t{256} << 10};
+  auto answers = [&](const selector& s, const topology& t, std::size_t b, std::size_t seg) {
+    return std::vector<algorithm>{s.choose(b, t, seg),          s.choose_rooted(b, t, false, seg),
+                                  s.choose_rooted(b, t, true, seg), s.choose_allgather(b, t, seg),
+                                  s.choose_reduce_scatter(b, t, seg), s.choose_alltoall(b, t, true),
+                                  s.choose_alltoall(b, t, false),  s.choose_alltoall(b, t, false, true)};
+  };
+  const selector kept(m);
+  std::size_t asked = 0, mismatched = 0;
+  for (int pass = 0; pass < 3; ++pass)
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      for (const auto& t : topos)
+        for (const std::size_t seg : segs) {
+          const std::size_t b = sizes[pass == 1 ? sizes.size() - 1 - i : i]; // backwards on the second pass
+          const selector fresh(m);
+          ++asked;
+          if (answers(kept, t, b, seg) != answers(fresh, t, b, seg)) ++mismatched;
+        }
+  CHECK(asked == 3 * sizes.size() * topos.size() * segs.size());
+  CHECK(mismatched == 0);
+  // Ranks that are threads share one selector: four threads asking at once
+  // get the model's answers.
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int k = 0; k < 4; ++k)
+    threads.emplace_back([&, k] {
+      for (int rep = 0; rep < 20; ++rep)
+        for (std::size_t i = 0; i < sizes.size(); ++i) {
+          const topology& t = topos[(i + static_cast<std::size_t>(k)) % topos.size()];
+          const std::size_t b = sizes[(i * 7 + static_cast<std::size_t>(k + rep)) % sizes.size()];
+          if (answers(kept, t, b, segs[0]) != answers(selector(m), t, b, segs[0])) ++wrong;
+        }
+    });
+  for (auto& th : threads) th.join();
+  CHECK(wrong.load() == 0);
+  // A copy starts with an empty memo and answers the same.
+  const selector copy = kept;
+  for (const auto& t : topos) CHECK(answers(copy, t, 12345, segs[1]) == answers(selector(m), t, 12345, segs[1]));
 }

@@ -16,6 +16,8 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstddef>
@@ -706,6 +708,11 @@ public:
   /// where t.shared_arena).
   algorithm cheapest(std::size_t bytes, const topology& t, std::size_t seg) const {
     if (t.ranks <= 1) return algorithm::ring;
+    return memo_.get(choice_memo::question(0, bytes, t, seg), [&] { return cheapest_by_model(bytes, t, seg); });
+  }
+
+private:
+  algorithm cheapest_by_model(std::size_t bytes, const topology& t, std::size_t seg) const {
     algorithm best = algorithm::ring;
     double cost = std::numeric_limits<double>::infinity();
     for (auto a : {algorithm::ring, algorithm::tree, algorithm::dbtree, algorithm::rd,
@@ -719,6 +726,7 @@ public:
     return best;
   }
 
+public:
   /// The schedule of hier's inter-group step: the table's entry (unless it
   /// names hier/twod, which cannot nest) or the cheapest flat one.
   /// `group_size`: ranks per group, all crossing at once (between_groups).
@@ -740,9 +748,11 @@ public:
         (pin == algorithm::scatter_allgather && !reduce) ||
         (pin == algorithm::hier && t.groups > 1 && t.group_size > 1))
       return pin;
-    return cheapest_of({algorithm::tree, algorithm::ring, algorithm::scatter_allgather, algorithm::direct,
-                        algorithm::hier},
-                       [&](algorithm a) { return model_.rooted(a, bytes, t, reduce, seg); });
+    return memo_.get(choice_memo::question(reduce ? 2 : 1, bytes, t, seg), [&] {
+      return cheapest_of({algorithm::tree, algorithm::ring, algorithm::scatter_allgather, algorithm::direct,
+                          algorithm::hier},
+                         [&](algorithm a) { return model_.rooted(a, bytes, t, reduce, seg); });
+    });
   }
   /// The same on p ranks in one group without an arena.
   algorithm choose_rooted(std::size_t bytes, int p, bool reduce, std::size_t seg) const {
@@ -775,16 +785,18 @@ public:
                                   (equal && a == algorithm::bruck) || (hier_ok && a == algorithm::hier && t.groups > 1) ||
                                   (t.shared_arena && a == algorithm::direct))
       return a;
-    algorithm best = algorithm::scattered;
-    double cost = model_.exchange(best, static_cast<double>(m), t);
-    for (auto a : {algorithm::pairwise, algorithm::bruck, algorithm::hier, algorithm::direct}) {
-      if ((a == algorithm::bruck && !equal) || (a == algorithm::hier && !hier_ok)) continue;
-      if (const double c = model_.exchange(a, static_cast<double>(m), t); c < cost * (1 - 1e-9)) {
-        best = a;
-        cost = c;
+    return memo_.get(choice_memo::question(5 + (equal ? 1 : 0) + (hier_ok ? 2 : 0), m, t, 0), [&] {
+      algorithm best = algorithm::scattered;
+      double cost = model_.exchange(best, static_cast<double>(m), t);
+      for (auto a : {algorithm::pairwise, algorithm::bruck, algorithm::hier, algorithm::direct}) {
+        if ((a == algorithm::bruck && !equal) || (a == algorithm::hier && !hier_ok)) continue;
+        if (const double c = model_.exchange(a, static_cast<double>(m), t); c < cost * (1 - 1e-9)) {
+          best = a;
+          cost = c;
+        }
       }
-    }
-    return best;
+      return best;
+    });
   }
 
 private:
@@ -806,12 +818,70 @@ private:
                                       (a == algorithm::hier && t.groups > 1 && t.group_size > 1))
       return a;
     if (t.ranks <= 1) return algorithm::ring;
-    return cheapest_of({algorithm::ring, algorithm::bruck, algorithm::rd, algorithm::direct, algorithm::hier},
-                       [&](algorithm a) { return model_.scatter_gather(a, bytes, t, reduce); });
+    return memo_.get(choice_memo::question(reduce ? 4 : 3, bytes, t, 0), [&] {
+      return cheapest_of({algorithm::ring, algorithm::bruck, algorithm::rd, algorithm::direct, algorithm::hier},
+                         [&](algorithm a) { return model_.scatter_gather(a, bytes, t, reduce); });
+    });
   }
+
+  // Automatic choices already made, so a size a training loop repeats does
+  // not evaluate the model again: choose() took 42-65 ns per call (g++ -O3,
+  // CI VM), 15-20 % of an 8-byte allreduce over shm. Direct-mapped, one
+  // atomic word per slot (the question's hash above the low byte, the
+  // answer in it), so ranks that are threads of one process share it
+  // without a lock. A hash collision could answer another question's
+  // schedule: every schedule computes the same result, and ranks that chose
+  // differently fail the call check together. A copy starts empty.
+  class choice_memo {
+  public:
+    choice_memo() = default;
+    choice_memo(const choice_memo&) noexcept {}
+    choice_memo& operator=(const choice_memo&) noexcept {
+      for (auto& x : slots_) x.store(0, std::memory_order_relaxed);
+      return *this;
+    }
+    /// The hash of one question: which choice (`kind`, < 16), its size,
+    /// topology and segment; 0 (not remembered) for a topology too large to
+    /// pack. The kind and topology are packed into one word without loss and
+    /// each word goes through a bijective mixer (MurmurHash3's finalizer), so
+    /// two sizes of one topology never share a hash; other pairs of
+    /// questions do with probability about 2^-56.
+    static std::uint64_t question(std::uint64_t kind, std::size_t bytes, const topology& t, std::size_t seg) noexcept {
+      constexpr std::uint64_t lim = std::uint64_t{1} << 19;
+      if (t.ranks < 0 || t.group_size < 0 || t.groups < 0 || std::uint64_t(t.ranks) >= lim ||
+          std::uint64_t(t.group_size) >= 2 * lim || std::uint64_t(t.groups) >= 2 * lim)
+        return 0;
+      const std::uint64_t packed = kind | std::uint64_t{t.shared_arena} << 4 | std::uint64_t(t.ranks) << 5 |
+                                   std::uint64_t(t.group_size) << 24 | std::uint64_t(t.groups) << 44;
+      const std::uint64_t q = mix(mix(mix(seg + 0x9e3779b97f4a7c15ull) ^ packed) ^ bytes);
+      return q ? q : 1;
+    }
+    static constexpr std::uint64_t mix(std::uint64_t x) noexcept {
+      x ^= x >> 33;
+      x *= 0xff51afd7ed558ccdull;
+      x ^= x >> 33;
+      x *= 0xc4ceb9fe1a85ec53ull;
+      return x ^ (x >> 33);
+    }
+    /// The stored answer to `q`, else compute() (stored).
+    template <class F> algorithm get(std::uint64_t q, F&& compute) const {
+      if (q == 0) return compute();
+      std::atomic<std::uint64_t>& slot = slots_[q % slots_.size()];
+      const std::uint64_t tag = q & ~std::uint64_t{0xff};
+      const std::uint64_t v = slot.load(std::memory_order_relaxed);
+      if ((v & ~std::uint64_t{0xff}) == tag && (v & 0xff) != 0) return static_cast<algorithm>((v & 0xff) - 1);
+      const algorithm a = compute();
+      slot.store(tag | (static_cast<std::uint64_t>(a) + 1), std::memory_order_relaxed);
+      return a;
+    }
+
+  private:
+    mutable std::array<std::atomic<std::uint64_t>, 64> slots_{};
+  };
 
   cost_model model_;
   std::vector<size_rule> table_;
+  choice_memo memo_;
 };
 
 inline std::size_t options::segment() const noexcept {
