@@ -141,7 +141,10 @@ for py in python3 /usr/bin/python3; do
   if command -v "$py" >/dev/null && "$py" -c "import matplotlib" 2>/dev/null; then plotpy=$py; break; fi
 done
 if [ -n "$plotpy" ]; then
-  run "$plotpy" "$(dirname "$0")/plot.py" "$out/plots" "$out"/*.json
+  # (not the cliff reruns: single sizes, which would join the sweep's lines)
+  plots=()
+  for f in "$out"/*.json; do case $f in *-cliff-rerun-*) ;; *) plots+=("$f") ;; esac; done
+  run "$plotpy" "$(dirname "$0")/plot.py" "$out/plots" "${plots[@]}"
 else
   echo; echo "# plots: skipped (no python3 with matplotlib: apt-get install python3-matplotlib)"
 fi
