@@ -9,9 +9,11 @@ cliff seen, one line each, and a summary line per file set.
 
 Where a file has "memcpy" rows (gradsync-bench --memcpy-each-size: rank 0's
 memcpy of each size, measured just before that size's rows), busbw is judged
-against them: a cliff is a drop of busbw / memcpy, so a step the memory has
-itself (the last-level cache's edge) or a slower moment of a shared machine
-is not the collective's. Such drops are listed as "memory:" lines instead.
+against them too: a cliff is a drop of busbw, and of busbw / memcpy, by more
+than --drop each, so a step the memory has itself (the last-level cache's
+edge) or a slower moment of a shared machine is not the collective's. Such
+drops are listed as "memory:" lines instead. A memcpy that measured high in
+one run never turns a busbw that held into a cliff.
 
 A shared machine slows down for seconds at a time, so one slow row is not yet
 a cliff. --points OUT writes each flagged point (ranks, collective, transport,
@@ -87,17 +89,23 @@ def cliffs(rows, lo, hi, drop, reruns=()):
     def score(v):
         return v[0] / v[1] if v[1] else v[0]
 
+    def steep(raw, rel):
+        """busbw fell by more than `drop`, and (where memcpy was measured) by
+        more than `drop` against memcpy too: memcpy can explain a drop away,
+        never make one (a run whose memcpy measured high is no cliff when
+        busbw itself held)."""
+        return raw > drop and (rel is None or rel > drop)
+
     def report(raw, rel, text, key, b, ref):
         """A drop from `ref` to size b of series `key`: a cliff unless b's
         reruns come within `drop` of ref (then transient)."""
-        if (rel if rel is not None else raw) > drop:
+        if steep(raw, rel):
             lower = f"{100 * rel:.0f} % lower against memcpy" if rel is not None else f"{100 * raw:.0f} % lower"
             points.append((key, b))
             redo = again.get(key, {}).get(b, [])
             if redo:
                 best = max(redo, key=score)
-                r_raw, r_rel = judge(ref, best)
-                if (r_rel if r_rel is not None else r_raw) <= drop:
+                if not steep(*judge(ref, best)):
                     transient.append(f"transient: {text}: {lower}; standalone reruns' best {vs(best)} "
                                      f"(of {len(redo)}), within {100 * drop:.0f} %")
                     return
