@@ -708,25 +708,15 @@ public:
   /// where t.shared_arena).
   algorithm cheapest(std::size_t bytes, const topology& t, std::size_t seg) const {
     if (t.ranks <= 1) return algorithm::ring;
-    return memo_.get(choice_memo::question(0, bytes, t, seg), [&] { return cheapest_by_model(bytes, t, seg); });
+    // (ties beyond rounding go to the earlier: 2d and rabenseifner cost
+    // exactly the same on 4 ranks)
+    return memo_.get(choice_memo::question(0, bytes, t, seg), [&] {
+      return cheapest_of({algorithm::ring, algorithm::tree, algorithm::dbtree, algorithm::rd, algorithm::rabenseifner,
+                          algorithm::twod, algorithm::hier, algorithm::direct},
+                         [&](algorithm a) { return model_.allreduce(a, bytes, t, seg); });
+    });
   }
 
-private:
-  algorithm cheapest_by_model(std::size_t bytes, const topology& t, std::size_t seg) const {
-    algorithm best = algorithm::ring;
-    double cost = std::numeric_limits<double>::infinity();
-    for (auto a : {algorithm::ring, algorithm::tree, algorithm::dbtree, algorithm::rd,
-                   algorithm::rabenseifner, algorithm::twod, algorithm::hier, algorithm::direct})
-      // a later candidate must be cheaper beyond rounding (e.g. 2d and
-      // rabenseifner cost exactly the same on 4 ranks)
-      if (const double c = model_.allreduce(a, bytes, t, seg); c < cost * (1 - 1e-9)) {
-        best = a;
-        cost = c;
-      }
-    return best;
-  }
-
-public:
   /// The schedule of hier's inter-group step: the table's entry (unless it
   /// names hier/twod, which cannot nest) or the cheapest flat one.
   /// `group_size`: ranks per group, all crossing at once (between_groups).
@@ -786,16 +776,13 @@ public:
                                   (t.shared_arena && a == algorithm::direct))
       return a;
     return memo_.get(choice_memo::question(5 + (equal ? 1 : 0) + (hier_ok ? 2 : 0), m, t, 0), [&] {
-      algorithm best = algorithm::scattered;
-      double cost = model_.exchange(best, static_cast<double>(m), t);
-      for (auto a : {algorithm::pairwise, algorithm::bruck, algorithm::hier, algorithm::direct}) {
-        if ((a == algorithm::bruck && !equal) || (a == algorithm::hier && !hier_ok)) continue;
-        if (const double c = model_.exchange(a, static_cast<double>(m), t); c < cost * (1 - 1e-9)) {
-          best = a;
-          cost = c;
-        }
-      }
-      return best;
+      return cheapest_of({algorithm::scattered, algorithm::pairwise, algorithm::bruck, algorithm::hier,
+                          algorithm::direct},
+                         [&](algorithm a) {
+                           if ((a == algorithm::bruck && !equal) || (a == algorithm::hier && !hier_ok))
+                             return std::numeric_limits<double>::infinity();
+                           return model_.exchange(a, static_cast<double>(m), t);
+                         });
     });
   }
 
