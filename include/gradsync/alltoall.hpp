@@ -617,6 +617,13 @@ public:
   std::span<const int> destinations() const noexcept { return destinations_; }
   /// The same id on every rank of the plan (a hash of every rank's counts).
   std::uint64_t id() const noexcept { return id_; }
+  /// Whether some rank has an empty block to or from another rank. Such a
+  /// plan's message schedules send nothing for empty blocks (their counts
+  /// were checked pairwise when the plan was made): scattered becomes the
+  /// sparse-neighbour schedule over the non-empty blocks (one window of
+  /// receives, as MPI_Alltoallv's linear form posts them), pairwise skips
+  /// the empty steps. hier and direct run as for dense counts.
+  bool sparse() const noexcept { return sparse_; }
   /// The schedule run() takes for items of `item_bytes` (elements x width x
   /// their size): the forced one, or automatic's pick for the agreed largest
   /// block (the same on every rank; hier among the candidates where the
@@ -700,10 +707,13 @@ private:
     const options q{.algo = algorithm::rd, .tag = o.tag, .timeout = o.timeout};
     std::int64_t key = bad[0];
     allreduce(c, std::span<std::int64_t>(&key, 1), op::min{}, q);
-    std::int64_t all[5] = {0, 0, 0, 0, 0}; // receiver, sender, sent, expected, largest count
+    // receiver, sender, sent, expected, largest count, an empty block to or from another rank
+    std::int64_t all[6] = {0, 0, 0, 0, 0, 0};
     if (key != none && key == bad[0]) all[0] = rank_, all[1] = bad[1], all[2] = bad[2], all[3] = bad[3];
     for (const std::size_t n : send_counts_) all[4] = std::max(all[4], static_cast<std::int64_t>(n));
-    allreduce(c, std::span<std::int64_t>(all, 5), op::max{}, q);
+    for (std::size_t j = 0; j < destinations_.size(); ++j) all[5] |= destinations_[j] != rank_ && send_counts_[j] == 0;
+    for (std::size_t i = 0; i < sources_.size(); ++i) all[5] |= sources_[i] != rank_ && recv_counts_[i] == 0;
+    allreduce(c, std::span<std::int64_t>(all, 6), op::max{}, q);
     // The plan id: the largest of the ranks' hashes of their own counts
     // (the same on every rank; a rank running another plan shows in run()'s
     // call check).
@@ -720,6 +730,7 @@ private:
                       std::to_string(all[3]));
     id_ = static_cast<std::uint64_t>(ids[0]);
     largest_ = static_cast<std::size_t>(all[4]);
+    sparse_ = all[5] != 0;
   }
 
   // hier: every rank must hold the same groups (their layout's hash, min and
@@ -764,14 +775,55 @@ private:
     o.tag = tag_;
     o.algo = a;
     o.timeout = timeout_;
+    const auto& to = back ? sources_ : destinations_;
+    const auto& from = back ? destinations_ : sources_;
+    if (graph_ || (sparse_ && a == algorithm::scattered)) {
+      // Only the blocks with items move (the counts were checked pairwise
+      // at creation, so both ends of an edge skip it alike): a graph's
+      // edges, or an alltoallv plan's non-empty blocks, all receives posted
+      // at once and the sends windowed.
+      const auto& to_items = back ? recv_counts_ : send_counts_;
+      const auto& from_items = back ? send_counts_ : recv_counts_;
+      const edges s = nonempty(to, to_items, l.send_counts, l.send_displs, name, "sends");
+      const edges rv = nonempty(from, from_items, l.recv_counts, l.recv_displs, name, "receives");
+      const algo::exchange::layout lc{l.send, l.recv, l.elem, s.counts, s.displs, rv.counts, rv.displs};
+      detail::run_call(c, name, f, bytes, o, [&] { algo::neighbor_exchange::run(c, rv.peers, s.peers, lc, tag_); });
+      return;
+    }
     detail::run_call(c, name, f, bytes, o, [&] {
-      const auto& to = back ? sources_ : destinations_;
-      const auto& from = back ? destinations_ : sources_;
-      if (graph_) algo::neighbor_exchange::run(c, std::span<const int>(from), std::span<const int>(to), l, tag_);
-      else if (a == algorithm::hier) // counts in items: the plan's own; in bytes (encoded): exchanged again
+      if (a == algorithm::hier) // counts in items: the plan's own; in bytes (encoded): exchanged again
         algo::alltoall_hier::run_v(c, groups_, l, tag_, policy::alltoall_window, name, items ? &group_counts_ : nullptr, back);
-      else detail::run_exchange(c, a, l, tag_, name);
+      else {
+        algo::exchange::layout ls = l;
+        ls.skip_empty = sparse_; // pairwise (or direct, which ignores it): no message for an empty block
+        detail::run_exchange(c, a, ls, tag_, name);
+      }
     });
+  }
+
+  // The entries of one side of an exchange (peers in list order, `items`
+  // the plan's count per entry) that carry items, with their sizes and
+  // offsets from `counts` / `displs` (items, or bytes when encoded). An
+  // entry without items must carry no bytes either: the other end skips it.
+  struct edges {
+    std::vector<int> peers;
+    std::vector<std::size_t> counts, displs;
+  };
+  edges nonempty(const std::vector<int>& peers, const std::vector<std::size_t>& items, std::span<const std::size_t> counts,
+                 std::span<const std::size_t> displs, const char* name, const char* what) const {
+    edges e;
+    for (std::size_t k = 0; k < peers.size(); ++k) {
+      if (items[k] == 0) {
+        GRADSYNC_REQUIRE(counts[k] == 0, name, rank_,
+                         std::string(what) + " entry " + std::to_string(k) + " (rank " + std::to_string(peers[k]) +
+                             ") has no items in the plan but " + std::to_string(counts[k]) + " bytes");
+        continue;
+      }
+      e.peers.push_back(peers[k]);
+      e.counts.push_back(counts[k]);
+      e.displs.push_back(displs[k]);
+    }
+    return e;
   }
 
   template <transport C, element T>
@@ -815,6 +867,7 @@ private:
   rank_groups groups_;                                 // hier's groups
   algo::alltoall_hier::group_counts group_counts_;     // hier: the group's counts, fixed at creation
   bool hier_ready_ = false;                            // groups_ and group_counts_ hold them
+  bool sparse_ = false; // some rank has an empty block to or from another: skipped (agreed at creation)
   const selector* select_ = nullptr;                   // options::select at creation (automatic's model)
   int group_size_ = 0;                                 // options::group_size at creation
 };

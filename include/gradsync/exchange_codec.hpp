@@ -60,6 +60,10 @@ void with_exchange_codec(const compress::spec& s, const char* op, int rank, F&& 
   });
 }
 
+// A plan block's encoded size: none for an empty block (a plan with empty
+// blocks sends nothing for them, exchange_plan::sparse), else the codec's.
+template <class K> std::size_t plan_wire_bytes(const K& k, std::size_t n) { return n == 0 ? 0 : k.max_encoded_bytes(n); }
+
 } // namespace detail
 
 /// Workspace bytes run_encoded needs on this rank (the encoded blocks out
@@ -68,8 +72,8 @@ template <compress::float_element T>
 std::size_t encoded_workspace_bytes(const exchange_plan& plan, std::size_t width, const compress::spec& codec) {
   std::size_t total = 0;
   detail::with_exchange_codec<T>(codec, "exchange_plan::run_encoded", -1, [&](const auto& k) {
-    for (const std::size_t n : plan.send_counts()) total += k.max_encoded_bytes(n * width);
-    for (const std::size_t n : plan.recv_counts()) total += k.max_encoded_bytes(n * width);
+    for (const std::size_t n : plan.send_counts()) total += detail::plan_wire_bytes(k, n * width);
+    for (const std::size_t n : plan.recv_counts()) total += detail::plan_wire_bytes(k, n * width);
   });
   return total;
 }
@@ -104,14 +108,15 @@ encoded_run run_encoded(const exchange_plan& plan, C& c, std::type_identity_t<st
   detail::with_exchange_codec<T>(codec, name, r, [&](const auto& k) {
     std::vector<std::size_t> sb(sc.size()), rb(rc.size());
     std::size_t out_bytes = 0, in_bytes = 0;
-    for (std::size_t j = 0; j < sc.size(); ++j) out_bytes += sb[j] = k.max_encoded_bytes(sc[j] * width);
-    for (std::size_t j = 0; j < rc.size(); ++j) in_bytes += rb[j] = k.max_encoded_bytes(rc[j] * width);
+    for (std::size_t j = 0; j < sc.size(); ++j) out_bytes += sb[j] = detail::plan_wire_bytes(k, sc[j] * width);
+    for (std::size_t j = 0; j < rc.size(); ++j) in_bytes += rb[j] = detail::plan_wire_bytes(k, rc[j] * width);
     exec::host ex;
     auto ws = ex.template scratch<std::byte>(workspace, out_bytes + in_bytes, name, r);
     const std::span<std::byte> wire_out = std::span(ws.data(), out_bytes), wire_in = std::span(ws.data() + out_bytes, in_bytes);
     typename std::decay_t<decltype(k)>::state none{};
     std::size_t at = 0;
     for (std::size_t j = 0; j < sc.size(); ++j) {
+      if (sc[j] == 0) continue;
       const std::size_t n = k.encode(in.subspan(sd[j] * width, sc[j] * width), none, {}, wire_out.subspan(at, sb[j]));
       GRADSYNC_REQUIRE(n == sb[j], name, r,
                        "codec '" + codec.text + "' wrote " + std::to_string(n) + " bytes where " +
@@ -124,7 +129,7 @@ encoded_run run_encoded(const exchange_plan& plan, C& c, std::type_identity_t<st
                    dtype_traits<T>::id, compress::spec_hash(detail::fnv_basis, codec));
     at = 0;
     for (std::size_t j = 0; j < rc.size(); ++j) {
-      k.decode(wire_in.subspan(at, rb[j]), out.subspan(rd[j] * width, rc[j] * width));
+      if (rc[j] != 0) k.decode(wire_in.subspan(at, rb[j]), out.subspan(rd[j] * width, rc[j] * width));
       at += rb[j];
     }
   });

@@ -20,6 +20,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "../transport/rank_pool.hpp"
@@ -651,8 +652,9 @@ TEST_CASE("neighbor_alltoallv: rings, torus, exponential graph, self edges, unev
 }
 
 TEST_CASE("exchange_plan: forwards then backwards restores the input; several dtypes and widths on one plan") {
-  // automatic, and hier over groups of 3 (its group counts fixed at creation)
-  for (const algorithm a : {algorithm::automatic, algorithm::hier})
+  // automatic, the message schedules (empty blocks skipped where the plan
+  // is sparse), and hier over groups of 3 (its group counts fixed at creation)
+  for (const algorithm a : {algorithm::automatic, algorithm::scattered, algorithm::pairwise, algorithm::hier})
   for (const int p : sweep_ranks)
     for (const auto& item : patterns(p)) {
       const auto& name = item.first;
@@ -707,6 +709,87 @@ TEST_CASE("exchange_plan: a graph plan over a directed ring, forwards and backwa
     });
     CHECK_MESSAGE(err.empty(), err);
   }
+}
+
+// inproc ranks that count the messages they send on one tag (the
+// schedule's; the call check's own messages use another).
+struct counted {
+  static constexpr std::string_view name = "counted";
+  communicator& c;
+  int tag;
+  std::size_t sends = 0;
+  int rank() const { return c.rank(); }
+  int size() const { return c.size(); }
+  auto isend(std::span<const std::byte> d, int peer, int t) {
+    sends += t == tag;
+    return c.isend(d, peer, t);
+  }
+  auto irecv(std::span<std::byte> d, int peer, int t) { return c.irecv(d, peer, t); }
+};
+
+TEST_CASE("exchange_plan: a plan with empty blocks sends nothing for them (scattered, pairwise, automatic)") {
+  // Each rank sends r + 1 items to r + 1 and one to itself, nothing else
+  // (empty blocks from 3 ranks on): one message forwards and one backwards;
+  // with every block filled (dense) p - 1 each way.
+  for (const int p : {2, 3, 5, 8})
+    for (const bool dense : {false, true})
+      for (const algorithm a : {algorithm::automatic, algorithm::scattered, algorithm::pairwise}) {
+        INFO("p=" << p << " dense=" << dense << " schedule=" << algorithm_name(a));
+        auto m = [&](int s, int d) -> std::size_t {
+          if (dense) return std::size_t(1 + (s + 2 * d) % 3);
+          return d == s ? 1 : d == (s + 1) % p ? std::size_t(s + 1) : 0;
+        };
+        const std::string err = on_ranks(p, [&](communicator& base, std::string& e) {
+          const int r = base.rank();
+          counted c{base, 7};
+          std::vector<std::size_t> sc, rc;
+          for (int q = 0; q < p; ++q) {
+            sc.push_back(m(r, q));
+            rc.push_back(m(q, r));
+          }
+          options o = forced(a);
+          o.tag = 7;
+          const exchange_plan plan(c, sc, rc, o);
+          bool empty_block = false; // some rank's block to another has no items
+          for (int s = 0; s < p; ++s)
+            for (int d = 0; d < p; ++d) empty_block |= s != d && m(s, d) == 0;
+          if (plan.sparse() != empty_block) e = "sparse() is " + std::to_string(plan.sparse());
+          std::vector<float> x, y(plan.recv_items()), z(plan.send_items());
+          for (int q = 0; q < p; ++q)
+            for (std::size_t i = 0; i < sc[static_cast<std::size_t>(q)]; ++i) x.push_back(float(tag_of(r, q, i, p)));
+          c.sends = 0;
+          plan.run(c, std::span<const float>(x), std::span<float>(y));
+          const std::size_t forward = c.sends;
+          std::size_t at = 0;
+          for (int q = 0; q < p; ++q)
+            for (std::size_t i = 0; i < rc[static_cast<std::size_t>(q)]; ++i)
+              if (y[at++] != float(tag_of(q, r, i, p))) e = "wrong element from rank " + std::to_string(q);
+          c.sends = 0;
+          plan.run_back(c, std::span<const float>(y), std::span<float>(z));
+          if (z != x) e = "backward did not restore the input";
+          std::size_t want_fwd = 0, want_back = 0; // blocks to and from other ranks with items
+          for (int q = 0; q < p; ++q)
+            if (q != r) want_fwd += m(r, q) != 0, want_back += m(q, r) != 0;
+          if (forward != want_fwd || c.sends != want_back)
+            e = "sent " + std::to_string(forward) + " forwards and " + std::to_string(c.sends) + " backwards, expected " +
+                std::to_string(want_fwd) + " and " + std::to_string(want_back);
+        });
+        CHECK_MESSAGE(err.empty(), err);
+      }
+}
+
+TEST_CASE("exchange_plan::run_bytes: bytes for a block the plan has empty are refused, naming the entry") {
+  inproc::run(2, [](communicator& c) {
+    const int r = c.rank();
+    const std::vector<std::size_t> counts = r == 0 ? std::vector<std::size_t>{2, 0} : std::vector<std::size_t>{0, 2};
+    const exchange_plan plan(c, counts, counts, forced(algorithm::scattered));
+    CHECK(plan.sparse());
+    std::vector<std::byte> in(16), out(16);
+    const std::vector<std::size_t> bytes{4, 4}; // 4 bytes to and from the other rank, which has no items
+    CHECK_THROWS_WITH_AS(plan.run_bytes(c, std::span<const std::byte>(in), bytes, std::span<std::byte>(out), bytes,
+                                        false, 8, dtype::f32, 0),
+                         doctest::Contains("has no items in the plan but 4 bytes"), error);
+  });
 }
 
 using test::expect_all_fail;

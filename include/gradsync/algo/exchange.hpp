@@ -28,6 +28,11 @@ struct layout {
   std::byte* recv = nullptr;
   std::size_t elem = 1;
   std::span<const std::size_t> send_counts, send_displs, recv_counts, recv_displs;
+  /// Empty blocks carry no message. Only where both ends of every pair are
+  /// known to agree on its size (an exchange_plan's counts, checked pairwise
+  /// when it was made): otherwise the empty message is what lets a receiver
+  /// catch a count that disagrees with its sender's.
+  bool skip_empty = false;
 
   std::size_t send_bytes(int q) const { return send_counts[static_cast<std::size_t>(q)] * elem; }
   std::size_t recv_bytes(int q) const { return recv_counts[static_cast<std::size_t>(q)] * elem; }
@@ -67,10 +72,11 @@ template <transport C> struct pending {
   /// exchanges a message even when it carries no bytes: a rank whose count
   /// for a peer disagrees with the peer's then fails the size check of the
   /// receive (errc::mismatch; inproc and shm fail the sender too) instead of
-  /// leaving a message unmatched or a receive short.
+  /// leaving a message unmatched or a receive short (l.skip_empty: a
+  /// checked empty block sends and receives nothing).
   void post(C& c, const layout& l, int to, int from, int tag) {
-    recvs.push_back(c.irecv(l.recv_span(from), from, tag));
-    sends.push_back(c.isend(l.send_span(to), to, tag));
+    if (!l.skip_empty || l.recv_bytes(from) != 0) recvs.push_back(c.irecv(l.recv_span(from), from, tag));
+    if (!l.skip_empty || l.send_bytes(to) != 0) sends.push_back(c.isend(l.send_span(to), to, tag));
   }
   void wait() {
     std::optional<error> first;
