@@ -19,8 +19,9 @@
 // more), sparse (rank r sends a block of the size to r+1 and r-1 only).
 // --dynamic adds a row per size of alltoallv_dynamic (receive counts learned
 // in the call) beside the known-count rows (with native: MPI_Alltoall of
-// the counts, then MPI_Alltoallv); --plan a row of an exchange_plan made
-// once per size (untimed) and run (empty blocks skipped, exchange_plan::sparse).
+// the counts, then MPI_Alltoallv); --plan rows of an exchange_plan made
+// once per size and schedule (untimed) and run (empty blocks skipped,
+// exchange_plan::sparse).
 //
 //   gradsync-bench alltoall -b 8 -e 1M -f 8 -a pairwise,scattered,bruck,auto
 //   gradsync-bench alltoallv --pattern moe --dynamic -t shm --ranks 4
@@ -502,17 +503,19 @@ std::int64_t sweep(C& c, const config& cfg, const selector& sel, report& rep) {
         run_row(a.name, std::string(algorithm_name(x)), model_of(x), call, false);
       }
     }
-    if (cfg.plan) {
-      // The counts fixed once (made outside the timing, as a GNN's halo or
-      // an MoE step's tokens, indices and weights reuse one plan): its
-      // schedule by the agreed largest block, empty blocks skipped.
-      const exchange_plan xp(c, send, recv, options{.select = &sel, .group_size = cfg.group_size});
-      const algorithm x = xp.algorithm_for(c, sizeof(T));
-      auto call = [&] { xp.run<C, T>(c, cin, cout); };
-      const bool skips = xp.sparse() && (x == algorithm::scattered || x == algorithm::pairwise);
-      run_row("plan", std::string(algorithm_name(x)) + (skips ? "+sparse" : ""),
-              skips ? std::nullopt : model_of(x), call, false);
-    }
+    if (cfg.plan)
+      for (const auto& a : cfg.algos) {
+        // The counts fixed once (made outside the timing, as a GNN's halo or
+        // an MoE step's tokens, indices and weights reuse one plan), one row
+        // per schedule listed: "plan:NAME", empty blocks skipped.
+        if (a.native) continue;
+        const exchange_plan xp(c, send, recv, options_for(a, {}));
+        const algorithm x = xp.algorithm_for(c, sizeof(T));
+        auto call = [&] { xp.run<C, T>(c, cin, cout); };
+        const bool skips = xp.sparse() && (x == algorithm::scattered || x == algorithm::pairwise);
+        run_row("plan:" + a.name, std::string(algorithm_name(x)) + (skips ? "+sparse" : ""),
+                skips ? std::nullopt : model_of(x), call, false);
+      }
     if (cfg.dynamic) {
       // Learned counts: gradsync's alltoallv_dynamic (direct on a shared
       // arena, the counts in its first round's headers; else scattered, the
@@ -653,8 +656,8 @@ int alltoall_main(std::string_view name, int argc, char** argv) {
         ->check(CLI::Range(0.0, 8.0));
     app.add_option("--seed", cfg.seed, "moe: routing and popularity seed")->capture_default_str();
     app.add_flag("--plan", cfg.plan,
-                 "also time an exchange_plan of the counts (made once, untimed) per size, row 'plan' (its schedule; "
-                 "'+sparse': empty blocks send nothing)");
+                 "also time an exchange_plan of the counts (made once, untimed) per size and schedule of -a, rows "
+                 "'plan:NAME' (its schedule; '+sparse': empty blocks send nothing)");
     app.add_flag("--dynamic", cfg.dynamic,
                  "also time alltoallv_dynamic (receive counts learned in the call) per size, row 'dynamic' (with "
                  "native: 'native:dynamic', MPI_Alltoall of the counts then MPI_Alltoallv)");

@@ -116,10 +116,13 @@ inline bool verifies(const options& o) { return o.verify != verification::never;
 // after it (algo::verify::checked_on_board; no message, no wait of its own).
 // On a transport that checks in its messages (inband_checked: MPI), a call
 // whose schedule carries every rank's messages to every rank, up to
-// policy::mpi_framed_max_bytes: framed (the hashes ride in the schedule's
+// policy::mpi_framed_max_bytes_on(p): framed (the hashes ride in the schedule's
 // own messages, no message of its own); else the transport's round.
 // Elsewhere: algo/verify.hpp's dissemination round of messages.
 enum class check_path { none, inband, arena, board, messages, framed };
+
+// The largest call framed on c (below: it needs the cost model).
+template <transport C> std::size_t framed_limit(const C& c, const options& o);
 
 // Whether every rank's messages reach every rank (directly or through
 // others) in the schedule of `f`, each rank sending only after it received
@@ -159,7 +162,9 @@ check_path check_path_of(const C& c, const call_fingerprint& f, std::size_t byte
   } else if constexpr (record_board<C>) {
     return check_path::board;
   } else if constexpr (inband_checked<C>) {
-    return disseminates(f) && bytes <= policy::mpi_framed_max_bytes ? check_path::framed : check_path::messages;
+    if (!disseminates(f)) return check_path::messages;
+    return bytes <= policy::mpi_framed_max_bytes_on(c.size()) || bytes <= framed_limit(c, o) ? check_path::framed
+                                                                                             : check_path::messages;
   } else {
     return check_path::messages;
   }
@@ -370,6 +375,21 @@ template <transport C, executor E = exec::host> topology topology_of(const C& c,
     return {p, p, 1, arena};
   }
 }
+
+namespace detail {
+// The largest call whose check rides in its messages (check_path::framed):
+// policy::mpi_framed_max_bytes_on(p), chosen where a message costs ~0.5 us;
+// where the ranks span nodes, the separate round's steps cross the network,
+// so the limit grows by the model's latency between nodes over that one
+// (the frames' copies cost the same). Every rank holds the same model and
+// topology, so all take the same path.
+template <transport C> std::size_t framed_limit(const C& c, const options& o) {
+  const std::size_t base = policy::mpi_framed_max_bytes_on(c.size());
+  if (topology_of(c, o).groups <= 1) return base;
+  const double ratio = selector_for<C>(o).model().global.alpha / policy::mpi_framed_reference_alpha;
+  return ratio > 1 ? static_cast<std::size_t>(static_cast<double>(base) * ratio) : base;
+}
+} // namespace detail
 
 /// The schedule `allreduce` runs for `count` elements of T under `o` with
 /// executor E: o.algo, or for `automatic` the selector's choice (override

@@ -1,10 +1,12 @@
-// gradsync::error formatting, require(), partition and mod.
+// gradsync::error formatting, require(), partition and mod; policy limits.
 #include <doctest/doctest.h>
 
 #include <gradsync/core/error.hpp>
 #include <gradsync/core/partition.hpp>
+#include <gradsync/core/policy.hpp>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 using gradsync::error;
@@ -97,4 +99,15 @@ TEST_CASE("partition: mod is the mathematical modulo") {
       REQUIRE(m < p);
       REQUIRE((a - m) % p == 0);
     }
+}
+
+TEST_CASE("policy: the framed check's limit grows with the separate round's steps, ceil(log2 p)") {
+  // 4 KiB per step of the round it replaces; one step below 3 ranks.
+  const std::pair<int, std::size_t> want[] = {{1, 4096},  {2, 4096},   {3, 8192},   {4, 8192},  {5, 12288},
+                                              {8, 12288}, {9, 16384},  {16, 16384}, {17, 20480}, {256, 32768},
+                                              {257, 36864}, {1000, 40960}, {1024, 40960}, {1025, 45056}};
+  for (const auto& w : want) {
+    INFO("p=" << w.first);
+    CHECK(gradsync::policy::mpi_framed_max_bytes_on(w.first) == w.second);
+  }
 }

@@ -108,7 +108,7 @@ TEST_CASE("mpi alltoallv: count matrices, known and learned, equal to MPI_Alltoa
     MPI_Alltoallv(in.data(), sci.data(), sdi.data(), MPI_INT, ref.data(), rci.data(), rdi.data(), MPI_INT,
                   MPI_COMM_WORLD);
     // hier: on the node's one group (node_of), and on groups of 1 and 2
-    for (const auto item : {std::pair{algorithm::automatic, 0}, std::pair{algorithm::pairwise, 0},
+    for (const auto& item : {std::pair{algorithm::automatic, 0}, std::pair{algorithm::pairwise, 0},
                                   std::pair{algorithm::scattered, 0}, std::pair{algorithm::hier, 0},
                                   std::pair{algorithm::hier, 1}, std::pair{algorithm::hier, 2}}) {
       const auto& a = item.first;

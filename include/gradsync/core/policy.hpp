@@ -40,8 +40,24 @@ inline constexpr std::size_t mpi_max_message_bytes = std::size_t{1} << 30;
 /// Largest call (bytes of payload) whose agreement check rides in its own
 /// messages over MPI (collectives.hpp's check_path::framed): each message
 /// then goes through a copy with the 16-byte hashes in front, which costs
-/// more than the separate round beyond a few KiB.
+/// more than the separate round beyond a few KiB at 2 ranks.
 inline constexpr std::size_t mpi_framed_max_bytes = std::size_t{4} << 10;
+/// The same limit on p ranks: the separate round takes ceil(log2 p) message
+/// latencies (transport/mpi.hpp check_round), the frames' copies what they
+/// take at 2 ranks, so the limit grows with the round's steps: 4 KiB at 2
+/// ranks, 32 KiB at 256, 40 KiB at 1024.
+constexpr std::size_t mpi_framed_max_bytes_on(int ranks) {
+  std::size_t steps = 0;
+  for (long long d = 1; d < ranks; d *= 2) ++steps;
+  return mpi_framed_max_bytes * (steps > 0 ? steps : 1);
+}
+/// The message latency under which mpi_framed_max_bytes was chosen: 2 MPICH
+/// processes on one host, an 8-byte rd allreduce (one message each way)
+/// 0.51 us (docs/reliability.md). Where the round's steps cross between
+/// nodes, the limit scales by the model's latency there over this one
+/// (collectives.hpp framed_limit): with SMPI's calibrated 22 us between
+/// nodes, 40 KiB x 44 = 1.8 MB on 1024 ranks.
+inline constexpr double mpi_framed_reference_alpha = 0.5e-6;
 
 /// Default message tag of the collectives (each call may choose another so that
 /// concurrent operations on one communicator cannot match each other).
