@@ -23,7 +23,12 @@ import json
 import sys
 
 REQUIRED = {"collective": str, "transport": str, "ranks": int, "algo": str, "bytes": int, "time_us": (int, float)}
-NOT_FIXED = ("auto", "native")
+NOT_FIXED = ("auto", "native", "dynamic")  # and any "KIND:NAME" row (native:dynamic, plan:auto): not a forced schedule of the call
+
+
+def fixed(algo):
+    """Whether a row is one forced schedule of the call auto is judged against."""
+    return algo not in NOT_FIXED and ":" not in algo
 LIMIT = 1.10
 
 
@@ -128,8 +133,8 @@ def print_table(key, algos, sizes):
         for a in shown:
             r = cell.get(a)
             line.append("" if r is None else f"{us(r['time_us'])} ({us(r.get('model_us'))})")
-        fixed = [cell[a] for a in shown if a not in NOT_FIXED and a in cell]
-        best = min(fixed, key=lambda r: r["time_us"]) if fixed else None
+        fixed_rows = [cell[a] for a in shown if fixed(a) and a in cell]
+        best = min(fixed_rows, key=lambda r: r["time_us"]) if fixed_rows else None
         line.append(f"{best['algo']} {us(best['time_us'])}" if best else "-")
         auto = cell.get("auto")
         if auto is None:

@@ -54,7 +54,7 @@ if command -v mpiexec >/dev/null && "$bench" allreduce --help 2>/dev/null | grep
   for t in shm mpi; do
     run mpiexec -n 2 "$bench" alltoall -t "$t" -a "auto,pairwise,scattered,bruck$([ "$t" = mpi ] && echo ,native || echo ,direct)" \
       -b 8 -e 16M -f 4 -c 1 --json "$out/$t-alltoall.json"
-    run mpiexec -n 2 "$bench" alltoallv -t "$t" --pattern skewed --dynamic \
+    run mpiexec -n 2 "$bench" alltoallv -t "$t" --pattern skewed --dynamic --plan \
       -a "auto$([ "$t" = mpi ] && echo ,native)" -b 8 -e 16M -f 4 -c 1 --json "$out/$t-alltoallv.json"
   done
   checked+=("$out"/shm-alltoall.json "$out"/mpi-alltoall.json "$out"/shm-alltoallv.json "$out"/mpi-alltoallv.json)

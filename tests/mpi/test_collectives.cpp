@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <set>
 #include <thread>
 
@@ -433,4 +434,44 @@ TEST_CASE("staged over a CUDA-aware MPI (GRADSYNC_MPI_DEVICE=1, host memory stan
   allreduce(s, ex, std::span(w), op::sum{}, o);
   CHECK(w[7] == static_cast<float>(p));
   CHECK(m.n->to_host.load() > 0);
+}
+
+TEST_CASE("call check between nodes: a large call rides framed where the model's latency between nodes makes the "
+          "round dearer; results exact, a deviating count fails every rank") {
+  const int p = make_comm().size();
+  if (p < 2) return;
+  cost_model m;
+  m.global.alpha = 1e-3; // 2000x the 0.5 us the 4 KiB per step was chosen at
+  const selector sel(m);
+  options o;
+  o.group_size = 1; // every rank its own node: the round's steps cross between nodes
+  o.select = &sel;
+  o.algo = algorithm::ring;
+  o.verify = verification::always;
+  {
+    auto c = make_comm();
+    const std::size_t steps = static_cast<std::size_t>(std::bit_width(static_cast<unsigned>(p - 1)));
+    const std::size_t limit = detail::framed_limit(c, o); // 4 KiB x steps x 2000, up to rounding
+    CHECK(limit >= 4096 * steps * 2000 - 1);
+    CHECK(limit <= 4096 * steps * 2000 + 1);
+    CHECK(detail::framed_limit(c, options{}) == 4096 * steps); // one node: as chosen
+    // 1.2 MB: framed, each ring message beyond the 256 KiB slab (heap frames).
+    std::vector<float> v(300000, static_cast<float>(c.rank() + 1));
+    allreduce(c, std::span(v), op::sum{}, o);
+    CHECK(v[0] == static_cast<float>(p * (p + 1) / 2));
+    CHECK(v.back() == v[0]);
+  }
+  auto c = make_comm();
+  c.set_timeout(std::chrono::seconds(20));
+  std::vector<float> w(300000 + (c.rank() == p - 1 ? 1 : 0), 1.0f);
+  errc got = errc::invalid_argument;
+  bool threw = false;
+  try {
+    allreduce(c, std::span(w), op::sum{}, o);
+  } catch (const error& e) {
+    threw = true;
+    got = e.kind();
+  }
+  CHECK(threw);
+  CHECK(got == errc::mismatch);
 }
