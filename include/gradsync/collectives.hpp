@@ -132,6 +132,8 @@ template <transport C> std::size_t framed_limit(const C& c, const options& o);
 // or halving rounds (every rank's block reaches, or is reduced from, every
 // rank), the exchanges' every-pair messages, Bruck's rounds and the two-level
 // schedule (each block relayed after its carrier received it), the
+// two-level allreduce (every rank's result is reduced from every rank's
+// input, through its group's and the other groups' messages), the
 // dissemination barrier. Not broadcast, reduce or
 // gossip (their data does not reach every rank), nor calls with nothing to
 // send.
@@ -139,7 +141,7 @@ constexpr bool disseminates(const call_fingerprint& f) {
   switch (f.kind) {
   case call_kind::allreduce:
     return f.count > 0 && (f.algo == algorithm::rd || f.algo == algorithm::rabenseifner || f.algo == algorithm::ring ||
-                           f.algo == algorithm::tree || f.algo == algorithm::dbtree);
+                           f.algo == algorithm::tree || f.algo == algorithm::dbtree || f.algo == algorithm::hier);
   case call_kind::reduce_scatter:
   case call_kind::allgather:
     return f.count > 0 && (f.algo == algorithm::ring || f.algo == algorithm::bruck || f.algo == algorithm::rd);

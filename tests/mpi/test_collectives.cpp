@@ -437,41 +437,50 @@ TEST_CASE("staged over a CUDA-aware MPI (GRADSYNC_MPI_DEVICE=1, host memory stan
 }
 
 TEST_CASE("call check between nodes: a large call rides framed where the model's latency between nodes makes the "
-          "round dearer; results exact, a deviating count fails every rank") {
+          "round dearer; results exact, a deviating count fails every rank (ring, hier)") {
   const int p = make_comm().size();
   if (p < 2) return;
   cost_model m;
   m.global.alpha = 1e-3; // 2000x the 0.5 us the 4 KiB per step was chosen at
   const selector sel(m);
-  options o;
-  o.group_size = 1; // every rank its own node: the round's steps cross between nodes
-  o.select = &sel;
-  o.algo = algorithm::ring;
-  o.verify = verification::always;
-  {
-    auto c = make_comm();
-    const std::size_t steps = static_cast<std::size_t>(std::bit_width(static_cast<unsigned>(p - 1)));
-    const std::size_t limit = detail::framed_limit(c, o); // 4 KiB x steps x 2000, up to rounding
-    CHECK(limit >= 4096 * steps * 2000 - 1);
-    CHECK(limit <= 4096 * steps * 2000 + 1);
-    CHECK(detail::framed_limit(c, options{}) == 4096 * steps); // one node: as chosen
-    // 1.2 MB: framed, each ring message beyond the 256 KiB slab (heap frames).
-    std::vector<float> v(300000, static_cast<float>(c.rank() + 1));
-    allreduce(c, std::span(v), op::sum{}, o);
-    CHECK(v[0] == static_cast<float>(p * (p + 1) / 2));
-    CHECK(v.back() == v[0]);
-  }
-  auto c = make_comm();
-  c.set_timeout(std::chrono::seconds(20));
-  std::vector<float> w(300000 + (c.rank() == p - 1 ? 1 : 0), 1.0f);
-  errc got = errc::invalid_argument;
-  bool threw = false;
-  try {
-    allreduce(c, std::span(w), op::sum{}, o);
-  } catch (const error& e) {
-    threw = true;
-    got = e.kind();
-  }
-  CHECK(threw);
-  CHECK(got == errc::mismatch);
+  const std::size_t steps = static_cast<std::size_t>(std::bit_width(static_cast<unsigned>(p - 1)));
+  // (schedule, ranks per node): every rank its own node, or nodes of 2
+  for (const auto& run : {std::pair{algorithm::ring, 1}, std::pair{algorithm::hier, 1}, std::pair{algorithm::hier, 2}})
+    for (const std::size_t n : {std::size_t{8}, std::size_t{300000}}) { // 32 B; 1.2 MB (frames beyond the 256 KiB slab)
+      const algorithm a = run.first;
+      const int gs = run.second;
+      INFO(algorithm_name(a) << " nodes of " << gs << ", " << n << " floats");
+      options o;
+      o.group_size = gs;
+      o.select = &sel;
+      o.algo = a;
+      o.verify = verification::always;
+      {
+        auto c = make_comm();
+        const std::size_t base = 4096 * steps, limit = detail::framed_limit(c, o);
+        if ((p + gs - 1) / gs > 1) { // several nodes: 4 KiB x steps x 2000, up to rounding
+          CHECK(limit >= base * 2000 - 1);
+          CHECK(limit <= base * 2000 + 1);
+        } else {
+          CHECK(limit == base);
+        }
+        std::vector<float> v(n, static_cast<float>(c.rank() + 1));
+        allreduce(c, std::span(v), op::sum{}, o);
+        CHECK(v[0] == static_cast<float>(p * (p + 1) / 2));
+        CHECK(v.back() == v[0]);
+      }
+      auto c = make_comm();
+      c.set_timeout(std::chrono::seconds(20));
+      std::vector<float> w(n + (c.rank() == p - 1 ? 1 : 0), 1.0f);
+      errc got = errc::invalid_argument;
+      bool threw = false;
+      try {
+        allreduce(c, std::span(w), op::sum{}, o);
+      } catch (const error& e) {
+        threw = true;
+        got = e.kind();
+      }
+      CHECK(threw);
+      CHECK(got == errc::mismatch);
+    }
 }
