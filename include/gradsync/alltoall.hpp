@@ -731,6 +731,10 @@ private:
     id_ = static_cast<std::uint64_t>(ids[0]);
     largest_ = static_cast<std::size_t>(all[4]);
     sparse_ = all[5] != 0;
+    // The non-empty entries of each list, for runs in items (the layouts
+    // go() builds are the plan's own counts and displacements).
+    to_nonempty_ = nonempty(destinations_, send_counts_, send_counts_, send_displs_, name, "sends");
+    from_nonempty_ = nonempty(sources_, recv_counts_, recv_counts_, recv_displs_, name, "receives");
   }
 
   // hier: every rank must hold the same groups (their layout's hash, min and
@@ -782,10 +786,17 @@ private:
       // at creation, so both ends of an edge skip it alike): a graph's
       // edges, or an alltoallv plan's non-empty blocks, all receives posted
       // at once and the sends windowed.
+      // In items the entries were found at creation; in bytes (encoded)
+      // their sizes are the caller's.
       const auto& to_items = back ? recv_counts_ : send_counts_;
       const auto& from_items = back ? send_counts_ : recv_counts_;
-      const edges s = nonempty(to, to_items, l.send_counts, l.send_displs, name, "sends");
-      const edges rv = nonempty(from, from_items, l.recv_counts, l.recv_displs, name, "receives");
+      edges s_bytes, rv_bytes;
+      if (!items) {
+        s_bytes = nonempty(to, to_items, l.send_counts, l.send_displs, name, "sends");
+        rv_bytes = nonempty(from, from_items, l.recv_counts, l.recv_displs, name, "receives");
+      }
+      const edges& s = items ? (back ? from_nonempty_ : to_nonempty_) : s_bytes;
+      const edges& rv = items ? (back ? to_nonempty_ : from_nonempty_) : rv_bytes;
       const algo::exchange::layout lc{l.send, l.recv, l.elem, s.counts, s.displs, rv.counts, rv.displs};
       detail::run_call(c, name, f, bytes, o, [&] { algo::neighbor_exchange::run(c, rv.peers, s.peers, lc, tag_); });
       return;
@@ -868,6 +879,7 @@ private:
   algo::alltoall_hier::group_counts group_counts_;     // hier: the group's counts, fixed at creation
   bool hier_ready_ = false;                            // groups_ and group_counts_ hold them
   bool sparse_ = false; // some rank has an empty block to or from another: skipped (agreed at creation)
+  edges to_nonempty_, from_nonempty_; // the destinations' / sources' entries with items
   const selector* select_ = nullptr;                   // options::select at creation (automatic's model)
   int group_size_ = 0;                                 // options::group_size at creation
 };
