@@ -37,6 +37,7 @@
 
 #include "common.hpp"
 #include "subcommands.hpp"
+#include "timing.hpp"
 #include "transports.hpp"
 
 namespace gradsync::bench {
@@ -95,7 +96,7 @@ template <transport C, class F> double time_loop(C& c, const iteration_plan& ip,
   barrier(c);
   const double t0 = now();
   for (int i = 0; i < ip.iters; ++i) one(ip.warmup + i);
-  return slowest(c, (now() - t0) / ip.iters);
+  return batch_seconds(c, t0, now(), ip.iters);
 }
 
 std::string fixed(double v, int prec) {

@@ -769,8 +769,17 @@ private:
   template <transport C>
   void move(C& c, const char* name, const algo::exchange::layout& l, bool back, algorithm a, std::uint8_t dt,
             std::size_t count, std::uint64_t salt, std::size_t bytes, bool items = true) const {
+    // A sparse plan's run is a neighbour exchange of its non-empty blocks
+    // (its messages do not reach every rank: checked in a round of its own
+    // on MPI). A dense run in items reaches every rank from every rank, so
+    // MPI checks it framed up to the limit, judged on the plan's agreed
+    // bound (p blocks of the largest) so that every rank takes the same
+    // path; one-off and encoded runs (count 0) move sizes only their ranks
+    // know, so they never are (collectives.hpp disseminates()).
+    const bool neighbours = graph_ || sparse_;
     call_fingerprint f;
-    f.kind = graph_ ? call_kind::neighbor_alltoallv : call_kind::alltoallv;
+    f.kind = neighbours ? call_kind::neighbor_alltoallv : call_kind::alltoallv;
+    if (!neighbours && items) bytes = largest_ * l.elem * static_cast<std::size_t>(ranks_);
     f.dt = dt;
     f.algo = a;
     f.count = count;

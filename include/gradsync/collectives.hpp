@@ -133,7 +133,8 @@ template <transport C> std::size_t framed_limit(const C& c, const options& o);
 // rank), the exchanges' every-pair messages, Bruck's rounds and the two-level
 // schedule (each block relayed after its carrier received it), the
 // two-level allreduce (every rank's result is reduced from every rank's
-// input, through its group's and the other groups' messages), the
+// input, through its group's and the other groups' messages), a dense
+// exchange plan's run (every rank sends every rank a block), the
 // dissemination barrier. Not broadcast, reduce or
 // gossip (their data does not reach every rank), nor calls with nothing to
 // send.
@@ -148,6 +149,8 @@ constexpr bool disseminates(const call_fingerprint& f) {
   case call_kind::alltoall:
     return f.count > 0 && (f.algo == algorithm::pairwise || f.algo == algorithm::scattered ||
                            f.algo == algorithm::bruck || f.algo == algorithm::hier);
+  case call_kind::alltoallv: // a dense plan's run in items (count: its width; one-off and encoded runs: 0)
+    return f.count > 0 && (f.algo == algorithm::pairwise || f.algo == algorithm::scattered || f.algo == algorithm::hier);
   case call_kind::barrier: return true;
   default: return false;
   }

@@ -3,15 +3,21 @@
 // hand-built reference and against MPI_Alltoall(v) itself, count matrices
 // (uniform, Zipf-like, MoE top-2 of 64, sparse, zeros), learned counts,
 // neighbour exchange, plans both ways, and a count mismatch (the receiving
-// rank fails with errc::mismatch); encoded exchanges (exchange_codec.hpp).
+// rank fails with errc::mismatch); encoded exchanges (exchange_codec.hpp);
+// where a plan's run is checked (its messages when dense, a round when sparse).
 #include "mpi_test.hpp"
 
 #include <gradsync/alltoall.hpp>
 #include <gradsync/exchange_codec.hpp>
 
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <random>
+
+#include <unistd.h>
 
 using namespace gradsync;
 using namespace gradsync::test;
@@ -217,4 +223,68 @@ TEST_CASE("mpi encoded alltoallv and plan: every block is decode(encode(block))"
       at += want.size();
     }
   }
+}
+
+// How many phases `name` rank r's trace of `run` holds (a fresh trace file
+// per call of this; every rank calls it).
+template <class F> std::size_t phases_in_trace(mpi::communicator& c, const char* name, F&& run) {
+  long long id = c.rank() == 0 ? static_cast<long long>(::getpid()) : 0;
+  MPI_Bcast(&id, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+  static int calls = 0;
+  const std::string file = "/tmp/gradsync-mpi-plan-" + std::to_string(id) + "-" + std::to_string(calls++) + "-%r.json";
+  c.set_trace(timeline::open(file, c.rank(), c.size()));
+  run();
+  const std::string mine = timeline::path_of(file, c.rank(), c.size());
+  c.set_trace(nullptr); // closes the file
+  std::ifstream f(mine);
+  const std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::remove(mine.c_str());
+  const std::string key = std::string("{\"name\":\"") + name + "\"";
+  std::size_t n = 0;
+  for (std::size_t at = s.find(key); at != std::string::npos; at = s.find(key, at + 1)) ++n;
+  return n;
+}
+
+TEST_CASE("mpi exchange_plan: a dense plan's run is checked in its own messages (no round), a sparse one's in a "
+          "round; results exact; a rank in another call fails every rank with errc::mismatch") {
+  auto c = make_comm();
+  const int p = c.size(), r = c.rank();
+  if (p < 2) return;
+  const auto up = static_cast<std::size_t>(p);
+  for (const bool sparse : {false, true})
+    for (const algorithm a : {algorithm::scattered, algorithm::pairwise, algorithm::hier}) {
+      INFO((sparse ? "sparse " : "dense ") << algorithm_name(a));
+      // dense: rank s sends d 1 + (s + 2d) mod 3 items; sparse: only to s + 1
+      auto count = [&](int s, int d) -> std::size_t {
+        if (sparse) return d == s + 1 ? 3 : 0; // a chain: rank p - 1 sends nothing
+        return 1 + static_cast<std::size_t>((s + 2 * d) % 3);
+      };
+      std::vector<std::size_t> sc(up), rc(up);
+      for (int q = 0; q < p; ++q) sc[static_cast<std::size_t>(q)] = count(r, q), rc[static_cast<std::size_t>(q)] = count(q, r);
+      const exchange_plan plan(c, sc, rc, {.algo = a, .group_size = p > 2 ? 2 : 1});
+      CHECK(plan.sparse() == sparse);
+      std::vector<int> in, want;
+      for (int q = 0; q < p; ++q)
+        for (std::size_t i = 0; i < count(r, q); ++i) in.push_back(value_of(r, q, i, p));
+      for (int q = 0; q < p; ++q)
+        for (std::size_t i = 0; i < count(q, r); ++i) want.push_back(value_of(q, r, i, p));
+      std::vector<int> out(want.size(), -1);
+      const std::size_t rounds = phases_in_trace(c, "verify", [&] { plan.run(c, std::span<const int>(in), std::span<int>(out)); });
+      CHECK(out == want);
+      CHECK(rounds == (sparse ? 1u : 0u));
+      // Rank p - 1 makes another call (a barrier) where the others run the plan.
+      auto d = make_comm();
+      d.set_timeout(std::chrono::seconds(20));
+      errc got = errc::invalid_argument;
+      std::string why;
+      try {
+        if (r == p - 1) barrier(d);
+        else plan.run(d, std::span<const int>(in), std::span<int>(out));
+      } catch (const error& e) {
+        got = e.kind();
+        why = e.what();
+      }
+      INFO(why);
+      CHECK(got == errc::mismatch);
+    }
 }
