@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -519,4 +520,96 @@ TEST_CASE("set_trace: a timeline per process, %r naming its file, written when i
   CHECK(contains(s, "\"pid\":" + std::to_string(c.rank()) + ",\"tid\":0"));
   CHECK(contains(s, "\"name\":\"wait\""));
   CHECK(s.substr(s.size() < 4 ? 0 : s.size() - 4) == "\n]}\n");
+}
+
+namespace {
+
+// Runs every rank's round_steps as messages would flow (a rank posts its
+// step's send with what it knows, then waits for that step's receive; each
+// pair's messages arrive in order): whether every rank finishes and then
+// knows every rank.
+bool round_spreads(const std::vector<int>& node) {
+  const int p = static_cast<int>(node.size());
+  const auto up = static_cast<std::size_t>(p);
+  std::vector<std::vector<std::pair<int, int>>> steps(up);
+  for (int r = 0; r < p; ++r) steps[static_cast<std::size_t>(r)] = mpi::detail::round_steps(node, r);
+  std::vector<std::vector<bool>> know(up, std::vector<bool>(up, false));
+  for (std::size_t r = 0; r < up; ++r) know[r][r] = true;
+  std::vector<std::size_t> at(up, 0);
+  std::vector<bool> posted(up, false);
+  std::vector<std::vector<std::vector<std::vector<bool>>>> channel(up, std::vector<std::vector<std::vector<bool>>>(up));
+  std::vector<std::vector<std::size_t>> head(up, std::vector<std::size_t>(up, 0));
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (std::size_t r = 0; r < up; ++r) {
+      if (at[r] == steps[r].size()) continue;
+      const auto [to, from] = steps[r][at[r]];
+      if (!posted[r]) {
+        channel[r][static_cast<std::size_t>(to)].push_back(know[r]);
+        posted[r] = true;
+      }
+      auto& q = channel[static_cast<std::size_t>(from)][r];
+      auto& h = head[static_cast<std::size_t>(from)][r];
+      if (h == q.size()) continue;
+      for (std::size_t i = 0; i < up; ++i) know[r][i] = know[r][i] || q[h][i];
+      ++h;
+      ++at[r];
+      posted[r] = false;
+      moved = true;
+    }
+  }
+  for (std::size_t r = 0; r < up; ++r) {
+    if (at[r] != steps[r].size()) return false;
+    if (std::find(know[r].begin(), know[r].end(), false) != know[r].end()) return false;
+  }
+  return true;
+}
+
+int ceil_log2(int n) { return n <= 1 ? 0 : std::bit_width(static_cast<unsigned>(n - 1)); }
+
+} // namespace
+
+TEST_CASE("agreement round steps: every rank learns every rank's hashes, crossing nodes ceil(log2 nodes) times") {
+  // Node maps as the communicator makes them (a rank's node is the lowest
+  // rank of its node): one node; one per rank; consecutive nodes of 8 and of
+  // 3 (the last shorter); ranks dealt round-robin over 3 nodes; sizes 1, 4,
+  // 2, 5, 1, 4, ... in turn.
+  for (int p = 1; p <= 40; ++p) {
+    const auto up = static_cast<std::size_t>(p);
+    std::vector<std::vector<int>> maps(6, std::vector<int>(up));
+    for (int r = 0; r < p; ++r) {
+      const auto u = static_cast<std::size_t>(r);
+      maps[0][u] = 0;
+      maps[1][u] = r;
+      maps[2][u] = r / 8 * 8;
+      maps[3][u] = r / 3 * 3;
+      maps[4][u] = r % 3;
+    }
+    {
+      const int sizes[] = {1, 4, 2, 5};
+      int first = 0, k = 0;
+      for (int r = 0; r < p; ++r) {
+        if (r - first == sizes[k % 4]) first = r, ++k;
+        maps[5][static_cast<std::size_t>(r)] = first;
+      }
+    }
+    for (std::size_t m = 0; m < maps.size(); ++m) {
+      INFO("p " << p << " map " << m);
+      const auto& node = maps[m];
+      CHECK(round_spreads(node));
+      const int nodes = static_cast<int>(std::count_if(node.begin(), node.end(), [&, q = 0](int) mutable {
+        const bool first = node[static_cast<std::size_t>(q)] == q;
+        ++q;
+        return first;
+      }));
+      for (int r = 0; r < p; ++r) {
+        const auto s = mpi::detail::round_steps(node, r);
+        const auto crossing = std::count_if(s.begin(), s.end(), [&](const std::pair<int, int>& st) {
+          return node[static_cast<std::size_t>(st.first)] != node[static_cast<std::size_t>(r)];
+        });
+        CHECK(crossing <= ceil_log2(nodes));
+        if (m <= 1) CHECK(static_cast<int>(s.size()) == ceil_log2(p)); // as the flat round
+      }
+    }
+  }
 }
