@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstdlib>
 #include <cstddef>
@@ -384,15 +385,22 @@ template <transport C, executor E = exec::host> topology topology_of(const C& c,
 namespace detail {
 // The largest call whose check rides in its messages (check_path::framed):
 // policy::mpi_framed_max_bytes_on(p), chosen where a message costs ~0.5 us;
-// where the ranks span nodes, the separate round's steps cross the network,
-// so the limit grows by the model's latency between nodes over that one
+// where the ranks span nodes, ceil(log2 groups) of the separate round's
+// steps cross the network (transport/mpi.hpp round_steps), so each of those
+// steps' 4 KiB grows by the model's latency between nodes over that one
 // (the frames' copies cost the same). Every rank holds the same model and
 // topology, so all take the same path.
 template <transport C> std::size_t framed_limit(const C& c, const options& o) {
   const std::size_t base = policy::mpi_framed_max_bytes_on(c.size());
-  if (topology_of(c, o).groups <= 1) return base;
+  const int groups = topology_of(c, o).groups;
+  if (groups <= 1) return base;
   const double ratio = selector_for<C>(o).model().global.alpha / policy::mpi_framed_reference_alpha;
-  return ratio > 1 ? static_cast<std::size_t>(static_cast<double>(base) * ratio) : base;
+  if (!(ratio > 1)) return base;
+  const std::size_t steps = base / policy::mpi_framed_max_bytes;
+  const std::size_t crossing =
+      std::min(steps, static_cast<std::size_t>(std::bit_width(static_cast<unsigned>(groups - 1))));
+  return static_cast<std::size_t>(static_cast<double>(policy::mpi_framed_max_bytes) *
+                                  (static_cast<double>(steps - crossing) + static_cast<double>(crossing) * ratio));
 }
 } // namespace detail
 

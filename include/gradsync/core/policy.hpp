@@ -54,9 +54,10 @@ constexpr std::size_t mpi_framed_max_bytes_on(int ranks) {
 /// The message latency under which mpi_framed_max_bytes was chosen: 2 MPICH
 /// processes on one host, an 8-byte rd allreduce (one message each way)
 /// 0.51 us (docs/reliability.md). Where the round's steps cross between
-/// nodes, the limit scales by the model's latency there over this one
-/// (collectives.hpp framed_limit): with SMPI's calibrated 22 us between
-/// nodes, 40 KiB x 44 = 1.8 MB on 1024 ranks.
+/// nodes (ceil(log2 nodes) of them), their share of the limit scales by the
+/// model's latency there over this one (collectives.hpp framed_limit): with
+/// SMPI's calibrated 22 us between nodes, 4 KiB x (3 + 7 x 44) = 1.3 MB on
+/// 1024 ranks of 8 a node.
 inline constexpr double mpi_framed_reference_alpha = 0.5e-6;
 
 /// Default message tag of the collectives (each call may choose another so that
