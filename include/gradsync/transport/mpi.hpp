@@ -554,6 +554,7 @@ public:
       if (node_[static_cast<std::size_t>(r)] == r) ++shape_.count;
       shape_.largest = std::max(shape_.largest, static_cast<int>(std::count(node_.begin(), node_.end(), node_[static_cast<std::size_t>(r)])));
     }
+    round_ = detail::round_steps(node_, rank_);
     trace_ = timeline::from_env(rank_, size_);
     gpu_aware_ = detail::gpu_aware_library();
   }
@@ -735,7 +736,7 @@ private:
   int rank_ = 0, size_ = 1;
   bool gpu_aware_ = false;
   std::vector<int> node_;
-  std::vector<std::pair<int, int>> round_; // check_round's (to, from) steps, made at its first call
+  std::vector<std::pair<int, int>> round_; // check_round's (to, from) steps (detail::round_steps)
   node_shape_t shape_;
   std::chrono::milliseconds timeout_ = policy::default_timeout;
   int tag_ub_ = 32767; // MPI_TAG_UB (the standard's minimum until queried)
@@ -814,7 +815,6 @@ public:
   bool check_round() {
     auto& s = *check_;
     const int r = rank_;
-    if (round_.empty() && size_ > 1) round_ = detail::round_steps(node_, rank_);
     for (const auto& [to, from] : round_) {
       if (s.disagreed) break;
       s.round_out[0] = s.lo;
