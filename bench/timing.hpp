@@ -44,24 +44,15 @@ template <transport C> double batch_seconds(C& c, double t0, double t1, int n) {
 template <transport C, class F> double time_calls(C& c, F& call, const iteration_plan& pl) {
   barrier(c);
   for (int i = 0; i < pl.warmup; ++i) call();
-  const auto batches = static_cast<std::size_t>(std::min(timing_batches, pl.iters));
-  // [0, batches): per-call time (or, one clock: the end); [batches, 2 batches): the start.
-  std::vector<double> t(2 * batches);
-  std::vector<int> calls(batches);
-  for (std::size_t b = 0; b < batches; ++b) {
-    const int n = pl.iters / static_cast<int>(batches) + (static_cast<int>(b) < pl.iters % static_cast<int>(batches) ? 1 : 0);
-    calls[b] = n;
+  const int batches = std::min(timing_batches, pl.iters);
+  std::vector<double> t(static_cast<std::size_t>(batches));
+  for (int b = 0; b < batches; ++b) {
+    const int n = pl.iters / batches + (b < pl.iters % batches ? 1 : 0);
     barrier(c);
     const double t0 = now();
     for (int i = 0; i < n; ++i) call();
-    const double t1 = now();
-    if constexpr (one_clock) t[b] = t1, t[batches + b] = t0;
-    else t[b] = (t1 - t0) / n;
+    t[static_cast<std::size_t>(b)] = batch_seconds(c, t0, now(), n);
   }
-  allreduce(c, std::span<double>(t), op::max{});
-  if constexpr (one_clock)
-    for (std::size_t b = 0; b < batches; ++b) t[b] = (t[b] - t[batches + b]) / calls[b];
-  t.resize(batches);
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
 }
