@@ -211,23 +211,36 @@ compressed_prediction predict_compressed(const C& c, std::size_t count, const co
                                          const options& o = {}) {
   const selector& sel = detail::selector_for<C>(o);
   const topology topo = topology_of(c, o);
-  const link_cost& l = sel.model().flat_link(topo);
+  const cost_model& m = sel.model();
   const int p = c.size();
   const double pf = p, n = static_cast<double>(count * sizeof(T)), q = (pf - 1) / pf;
   const auto dense_of = [&](double bytes) {
     const auto b = static_cast<std::size_t>(bytes);
-    return sel.model().allreduce(sel.choose(b, topo, o.segment()), b, topo, o.segment());
+    return m.allreduce(sel.choose(b, topo, o.segment()), b, topo, o.segment());
   };
   const double fb = z.error_feedback ? 1 : 0; // error feedback decodes what it encodes
   compressed_prediction r;
   r.dense = dense_of(n);
   if (p <= 1) return r;
-  const double wire = 2 * q * n * k.ratio * l.beta;
-  const double shard = l.alpha_at(n * k.ratio / pf); // a message of the ring and two-step schedules
-  r.ring = 2 * (pf - 1) * shard + wire + n * k.encode + (2 * q + fb) * n * k.decode;
-  r.two_step = pf * shard + wire + n * (1 + 1 / pf) * k.encode + (1 + q + fb * (1 + 1 / pf)) * n * k.decode;
-  r.sparse = 2 * (pf - 1) * l.alpha_at(n * k.ratio) + (pf - 1) * n * k.ratio * l.beta + n * k.encode +
-             (pf + fb) * n * k.decode;
+  // The schedules' messages costed on the topology as the dense ones are
+  // (cost_model's step terms), not on one flat link: the rings send to the
+  // next rank, one crossing per group (the flat link's shared NIC put the
+  // int8 two-step at 2x SMPI's time at 64 ranks, 1-4 MiB, and auto chose
+  // dense where compressing was faster).
+  const double pay = n * k.ratio;                                  // a rank's encoded tensor
+  const double chain = m.gather_cost(algorithm::ring, pay, topo, false); // p - 1 steps of pay / p
+  r.ring = 2 * chain + n * k.encode + (2 * q + fb) * n * k.decode;
+  // two-step: every payload block in flight at once (an all-to-all), then the ring allgather.
+  r.two_step = m.exchange(algorithm::scattered, pay / pf, topo, p - 1) + chain + n * (1 + 1 / pf) * k.encode +
+               (1 + q + fb * (1 + 1 / pf)) * n * k.decode;
+  // sparse_allgather: Bruck's 8-byte size exchange, then its rule
+  // (sparse_pays): the ring of whole payloads while a rank receives at most
+  // sparse_dense_ratio x a dense ring's bytes, else its own payload decoded
+  // and the dense allreduce.
+  const double sizes = m.gather_cost(algorithm::bruck, 8 * pf, topo, false);
+  r.sparse = (pf - 1) * pay <= policy::sparse_dense_ratio * 2 * q * n
+                 ? sizes + m.gather_cost(algorithm::ring, pf * pay, topo, false) + n * k.encode + (pf + fb) * n * k.decode
+                 : sizes + dense_of(n) + n * (k.encode + k.decode);
   const double density = z.codec.params.count("density") ? z.codec.number("density", 0.01) : 0.01;
   r.randk = dense_of(n * density) + n * (k.encode + k.decode);
   r.powersgd = 2 * dense_of(n * k.ratio / 2) + n * (k.encode + k.decode);

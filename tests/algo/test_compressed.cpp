@@ -572,6 +572,53 @@ TEST_CASE("automatic compression: only where the model says it pays") {
   }
 }
 
+TEST_CASE("automatic compression: predictions costed on the two-level topology") {
+  // 16 ranks in groups of 4 (emulated), a slow shared link between groups
+  // (nic_share 4). The compressed ring sends to the next rank, one crossing
+  // per group: its steps pay the per-hop latency averaged over the group
+  // and the slower link's beta, never the NIC shared four ways. Top-k at
+  // 10 % on 16 ranks receives 15 x 0.2 n > 2 x 15/16 n, so its schedule
+  // falls back to the dense allreduce after Bruck's 8-byte size exchange.
+  const int p = 16, g = 4;
+  const double al = 1e-6, bl = 1e-10, ag = 20e-6, bg = 1e-9, enc = 1e-9, dec = 2e-9, ratio = 0.26;
+  cost_model m;
+  m.local = {al, bl, 1e-11};
+  m.global = {ag, bg, 1e-11};
+  m.nic_share = 4;
+  const selector sel(m);
+  const std::size_t n = 4096;
+  const double bytes = 4.0 * n, pay = bytes * ratio;
+  std::vector<double> ring(p), sparse(p), dense(p);
+  inproc::run(p, [&](inproc::communicator& c) {
+    options o;
+    o.select = &sel;
+    o.group_size = g;
+    std::vector<float> v = input<float>(c.rank(), n);
+    compress_state<float> st;
+    st.costs = codec_costs{enc, dec, ratio};
+    const compression zr{.codec = gc::parse_spec("int8"), .mode = compress_mode::automatic,
+                         .algo = compressed_algorithm::ring};
+    compressed_allreduce(c, std::span<float>(v), zr, st, op::avg{}, o);
+    ring[c.rank()] = st.last.predicted_compressed;
+    compress_state<float> sk;
+    sk.costs = codec_costs{enc, dec, 0.2};
+    const compression zk{.codec = gc::parse_spec("topk:density=0.1"), .mode = compress_mode::automatic};
+    compressed_allreduce(c, std::span<float>(v), zk, sk, op::avg{}, o);
+    sparse[c.rank()] = sk.last.predicted_compressed;
+    dense[c.rank()] = sk.last.predicted_dense;
+  });
+  const double hop = ((g - 1) * al + ag) / g;
+  const double want_ring = 2 * (p - 1) * (hop + pay / p * bg) + bytes * enc + (2.0 * (p - 1) / p + 1) * bytes * dec;
+  // Bruck rounds d = 1, 2, 4, 8: min(d, p - d) sizes of 8 bytes to the rank
+  // d away; min(d, g) ranks of a group cross, sharing the NIC that many ways.
+  double sizes = 0;
+  for (int d = 1; d < p; d *= 2) sizes += ag + 8.0 * std::min(d, p - d) * bg * std::min(d, g);
+  for (int r = 0; r < p; ++r) {
+    CHECK(ring[r] == doctest::Approx(want_ring).epsilon(1e-9));
+    CHECK(sparse[r] == doctest::Approx(sizes + dense[r] + bytes * (enc + dec)).epsilon(1e-9));
+  }
+}
+
 TEST_CASE("measured codec costs are positive and agreed by every rank") {
   std::vector<codec_costs> got(3);
   inproc::run(3, [&](inproc::communicator& c) {

@@ -40,7 +40,9 @@
 
 #include "../compress/codec.hpp"
 #include "../core/policy.hpp"
+#include "../exec/host.hpp"
 #include "../transport/capabilities.hpp"
+#include "bruck.hpp"
 #include "codec_op.hpp"
 #include "schedule.hpp"
 
@@ -48,9 +50,14 @@ namespace gradsync::algo::sparse_allgather {
 
 /// Ring allgather of p byte payloads whose sizes every rank knows: payload q
 /// (sizes[q] bytes) lands at out + sum(sizes[0 .. q)); `mine` is this rank's.
-/// While a step's messages are in flight it calls idle() (one short piece
-/// of other work; false when there is none left), polling between calls so
-/// that the transfer keeps moving.
+/// Every receive is posted first (their places are known), and a payload
+/// is forwarded as soon as it has arrived: no step waits for the one
+/// before it to be sent, and no large message waits for its receive to be
+/// posted (SMPI, 64 ranks, 84 KB payloads: 206 us per step when each step
+/// posted its receive and waited for its send, 94 for the dense ring).
+/// While a payload is awaited it calls idle() (one short piece of other
+/// work; false when there is none left), polling between calls so that the
+/// transfer keeps moving.
 template <transport C, class Idle>
 void gather(C& c, std::span<const std::byte> mine, std::span<const std::size_t> sizes, std::byte* out, int tag,
             Idle&& idle) {
@@ -58,19 +65,45 @@ void gather(C& c, std::span<const std::byte> mine, std::span<const std::size_t> 
   std::vector<std::size_t> at(static_cast<std::size_t>(p) + 1, 0);
   for (int q = 0; q < p; ++q) at[q + 1] = at[q] + sizes[q];
   if (!mine.empty()) std::memmove(out + at[r], mine.data(), mine.size());
+  if (p == 1) return;
   const int next = mod(r + 1, p), prev = mod(r - 1, p);
-  for (int s = 0; s + 1 < p; ++s) { // step s: forward payload r - s, receive r - s - 1
-    const int fwd = mod(r - s, p), got = mod(r - s - 1, p);
-    auto rq = c.irecv(std::span<std::byte>(out + at[got], sizes[got]), prev, tag);
-    auto sq = c.isend(std::span<const std::byte>(out + at[fwd], sizes[fwd]), next, tag);
-    bool received = false, sent = false;
-    while (!(received && sent) && idle()) {
-      received = received || rq.test();
-      sent = sent || sq.test();
-    }
+  // Step s forwards payload r - s and receives payload r - s - 1; a pair's
+  // messages of one tag match in order, so the receives line up.
+  using rreq = decltype(c.irecv(std::span<std::byte>{}, 0, 0));
+  const auto arrive = [&](rreq& rq) {
+    bool done = false;
+    while (!done && idle()) done = rq.test();
     rq.wait();
-    sq.wait();
+  };
+  const auto recv = [&](int s) {
+    const int got = mod(r - s - 1, p);
+    return c.irecv(std::span<std::byte>(out + at[got], sizes[got]), prev, tag);
+  };
+  if constexpr (stream_ordered<C>) {
+    // Requests that complete with the group they were flushed in (NCCL):
+    // a receive posted ahead would wait for a send its peer posts only
+    // after its own group completed. One step at a time.
+    for (int s = 0; s + 1 < p; ++s) {
+      auto rq = recv(s);
+      const int fwd = mod(r - s, p);
+      auto sq = c.isend(std::span<const std::byte>(out + at[fwd], sizes[fwd]), next, tag);
+      arrive(rq);
+      sq.wait();
+    }
+    return;
   }
+  std::vector<rreq> recvs;
+  std::vector<request_t<C>> sends;
+  recvs.reserve(static_cast<std::size_t>(p - 1));
+  sends.reserve(static_cast<std::size_t>(p - 1));
+  for (int s = 0; s + 1 < p; ++s) recvs.push_back(recv(s));
+  for (int s = 0; s + 1 < p; ++s) {
+    if (s > 0) arrive(recvs[static_cast<std::size_t>(s - 1)]); // payload r - s
+    const int fwd = mod(r - s, p);
+    sends.push_back(c.isend(std::span<const std::byte>(out + at[fwd], sizes[fwd]), next, tag));
+  }
+  arrive(recvs.back());
+  wait_all(sends);
 }
 
 /// gather() with nothing to do meanwhile.
@@ -166,11 +199,13 @@ result allreduce(C& c, const K& k, typename K::state& st, typename K::value_type
   const auto mine = std::span<const std::byte>(payload.data(), res.payload);
   std::vector<std::size_t> sizes(static_cast<std::size_t>(p), 0);
   {
-    std::vector<std::uint64_t> sz(static_cast<std::size_t>(p));
-    const std::uint64_t own = res.payload;
-    const std::vector<std::size_t> eight(static_cast<std::size_t>(p), sizeof(std::uint64_t));
-    gather(c, std::as_bytes(std::span<const std::uint64_t>(&own, 1)), eight,
-           reinterpret_cast<std::byte*>(sz.data()), tag);
+    // Bruck's ceil(log2 p) rounds, not the payload ring's p - 1 steps: the
+    // sizes are 8 bytes, all latency (SMPI, 256 ranks: ~800 us of ring).
+    std::vector<std::int64_t> sz(static_cast<std::size_t>(p));
+    sz[static_cast<std::size_t>(c.rank())] = static_cast<std::int64_t>(res.payload);
+    exec::host host;
+    const typed_reduce<std::int64_t, op::sum, exec::host> copies{host, op::sum{}, p}; // copies only
+    bruck::allgather(c, copies, sz.data(), partition{static_cast<std::size_t>(p), static_cast<std::size_t>(p)}, tag);
     for (int q = 0; q < p; ++q) sizes[q] = static_cast<std::size_t>(sz[q]);
   }
   res.sparse = sparse_pays(sizes, n, sizeof(T));
