@@ -2,7 +2,8 @@
 # The simulator build's regression run (meson test sim-smpi): 16 simulated
 # ranks on the shared-NIC platform (two nodes of 8), three sizes, every
 # schedule of every collective, of alltoall and of alltoallv (MoE counts),
-# every result checked (-c 1:
+# and the compressed allreduce's int8 and top-k rows (every rank's result
+# bitwise equal), every result checked (-c 1:
 # private buffers, the bench exits non-zero on any wrong element).
 #   bench/sim/smoke.sh BIN
 set -eu
@@ -29,6 +30,7 @@ run() {
 }
 trap 'rm -f "${TMPDIR:-/tmp}/gradsync-sim-smoke.$$"' EXIT
 run allreduce -a auto,ring,tree,dbtree,rd,rabenseifner,hier,2d,native
+run allreduce -a auto -z int8 -z topk:density=0.01 # compressed: ranks agree bitwise (sparse: the payload ring)
 run reduce_scatter -a auto,ring,bruck,rd,hier,native
 run allgather -a auto,ring,bruck,rd,hier,native
 run broadcast -a auto,ring,tree,scatter_allgather,hier,native

@@ -104,6 +104,15 @@ struct ref_model {
   double chain_A(int gs, int m) const { return m > 1 ? ((gs - 1) * loc.A + glob.A) / gs : loc.A; }
   double chain_B(int m) const { return m > 1 ? std::max(loc.B, glob.B) : loc.B; }
   double hop_B(int gs, int m) const { return m > 1 ? ((gs - 1) * loc.B + glob.B) / gs : loc.B; }
+  // A ring step of b bytes: the chain, but at least the crossing hop's
+  // pace (its base latency over the 4 receives in flight), in proportion
+  // to how full the blocks are (under 4 bytes mostly empty).
+  double ring_step(int gs, int m, double b) const {
+    const double chain = chain_A(gs, m) + b * chain_B(m);
+    if (m <= 1) return chain;
+    const double crossing = glob.A / 4 + b * glob.B;
+    return chain + std::min(1.0, b / 4) * std::max(0.0, crossing - chain);
+  }
   // One pass of the segmented binomial tree. Broadcast: the first segment
   // over every round's link, the rest at the root's pace (it moves each one
   // per round). Reduce (`serial`): every segment over every round's link in
@@ -136,7 +145,7 @@ struct ref_model {
     const double fold = f * 2 * step(n, cross_xor(1, gs, m), gs, m); // in to r, back to r + 1
     switch (x) {
     case algorithm::ring:
-      return 2.0 * (p - 1) * (chain_A(gs, m) + n / p * chain_B(m)) + (p - 1.0) / p * n * G;
+      return 2.0 * (p - 1) * ring_step(gs, m, n / p) + (p - 1.0) / p * n * G;
     case algorithm::tree: return tree_pass(n, p, gs, m, seg, true) + tree_pass(n, p, gs, m, seg) + L * n * G;
     case algorithm::rd: {
       double s = fold;
@@ -183,7 +192,7 @@ struct ref_model {
     if (p <= 1) return 0;
     const double b = n / p, G = reduce ? loc.G : 0;
     switch (x) {
-    case algorithm::ring: return (p - 1) * (chain_A(gs, m) + b * (chain_B(m) + G));
+    case algorithm::ring: return (p - 1) * (ring_step(gs, m, b) + b * G);
     case algorithm::bruck: {
       double s = 0;
       if (!reduce) { // round d: min(d, p - d) blocks to the rank d on
@@ -248,7 +257,7 @@ struct ref_model {
       double s = 0;
       for (int half = 1 << ceil_lg(p); (half /= 2) >= 1;)
         s += step(std::min(half, p - half) * b, m > 1 && half >= gs ? 1 : 0, gs, m);
-      return s + (p - 1) * (chain_A(gs, m) + b * chain_B(m));
+      return s + (p - 1) * ring_step(gs, m, b);
     }
     case algorithm::hier: {
       // The best flat schedule among the m group leaders on the global
@@ -457,13 +466,15 @@ TEST_CASE("select: hier's step between groups shares the NIC (choose_inner)") {
 }
 
 TEST_CASE("select: per-size message costs (link_cost::extra) by hand") {
-  static_assert(policy::calibrate_mid_points == 4 && policy::calibrate_mid_bytes[0] == 1024 &&
-                policy::calibrate_mid_bytes[3] == (512u << 10) && policy::calibrate_bytes == (8u << 20));
+  static_assert(policy::pipeline_depth == 4);
+  static_assert(policy::calibrate_mid_points == 5 && policy::calibrate_mid_bytes[0] == 1024 &&
+                policy::calibrate_mid_bytes[2] == (16u << 10) && policy::calibrate_mid_bytes[4] == (512u << 10) &&
+                policy::calibrate_bytes == (8u << 20));
   link_cost l{10e-6, 1e-9, 1e-10};
   // Without extras every size pays alpha.
   for (double m : {0.0, 8.0, 1000.0, 65536.0, 1e9}) CHECK(l.alpha_at(m) == 10e-6);
-  const double e[4] = {1e-6, 2e-6, 40e-6, 50e-6}; // at 1 KiB, 8 KiB, 64 KiB, 512 KiB
-  std::copy(e, e + 4, l.extra);
+  const double e[5] = {1e-6, 2e-6, 30e-6, 40e-6, 50e-6}; // at 1 KiB, 8 KiB, 16 KiB, 64 KiB, 512 KiB
+  std::copy(e, e + 5, l.extra);
   // A step per measured size: the extra of the largest measured size not
   // above m; alpha alone below 1 KiB and from 8 MiB.
   CHECK(l.alpha_at(8) == 10e-6);
@@ -471,7 +482,9 @@ TEST_CASE("select: per-size message costs (link_cost::extra) by hand") {
   CHECK(l.alpha_at(1024) == doctest::Approx(11e-6));
   CHECK(l.alpha_at(8191) == doctest::Approx(11e-6));
   CHECK(l.alpha_at(8192) == doctest::Approx(12e-6));
-  CHECK(l.alpha_at(49152) == doctest::Approx(12e-6));
+  CHECK(l.alpha_at(16383) == doctest::Approx(12e-6));
+  CHECK(l.alpha_at(16384) == doctest::Approx(40e-6));
+  CHECK(l.alpha_at(49152) == doctest::Approx(40e-6));
   CHECK(l.alpha_at(65536) == doctest::Approx(50e-6));
   CHECK(l.alpha_at(131072) == doctest::Approx(50e-6));
   CHECK(l.alpha_at(524288) == doctest::Approx(60e-6));
@@ -500,11 +513,11 @@ TEST_CASE("select: per-size message costs (link_cost::extra) by hand") {
   m.local = l;
   m.global = l;
   m.nic_share = 8;
-  CHECK(m.between_groups(8).extra[2] == 40e-6);
-  CHECK(m.flat_link(topology{16, 8, 2}).extra[3] == 50e-6);
+  CHECK(m.between_groups(8).extra[3] == 40e-6);
+  CHECK(m.flat_link(topology{16, 8, 2}).extra[4] == 50e-6);
   // Never below zero: a size that ran faster than alpha + m beta.
   link_cost fast{1e-6, 1e-9, 0};
-  fast.extra[3] = -5e-6;
+  fast.extra[4] = -5e-6;
   CHECK(fast.alpha_at(524288) == 0);
   CHECK(fast.alpha_at(65536) == doctest::Approx(1e-6));
   CHECK(fast.msg(524288) == doctest::Approx(524288 * 1e-9));
@@ -852,6 +865,18 @@ TEST_CASE("select: reduce-scatter and allgather choose direct, ring, bruck or rd
   const topology grouped{4, 2, 2, true};
   CHECK(m.scatter_gather(algorithm::ring, 8192, grouped, false) == doctest::Approx(39.144e-6).epsilon(1e-12));
   CHECK(m.scatter_gather(algorithm::ring, 8192, grouped, true) == doctest::Approx(39.7584e-6).epsilon(1e-12));
+  // Groups of 8 (16 ranks), local alpha 1 us, global 40 us: the chain's hop
+  // averages (7 x 1 + 40) / 8 = 5.875 us, but the one crossing hop carries
+  // a message every step, its 40 us over the 4 receives in flight: 10 us.
+  // Allgather of 16 x 2 KiB: 15 (10e-6 + 2048 x 1e-9) = 180.72 us. Blocks
+  // of 2 bytes, half of them empty, pay half the difference: 15 (5.877 +
+  // 0.5 (10.002 - 5.877)) us = 119.0925 us.
+  cost_model wide;
+  wide.local = {1e-6, 1e-10, 1e-10};
+  wide.global = {40e-6, 1e-9, 1e-10};
+  const topology sixteen{16, 8, 2};
+  CHECK(wide.scatter_gather(algorithm::ring, 16 * 2048, sixteen, false) == doctest::Approx(180.72e-6).epsilon(1e-12));
+  CHECK(wide.scatter_gather(algorithm::ring, 32, sixteen, false) == doctest::Approx(119.0925e-6).epsilon(1e-12));
   // No arena: direct costs infinity, as does anything not a gather
   // schedule; one rank: nothing to do.
   const topology no_arena{4, 4, 1};
@@ -1128,32 +1153,33 @@ TEST_CASE("select: allgather and reduce-scatter on many ranks: bruck or rd small
   two.nic_share = 8;
   const topology t{64, 8, 8};
   // 512 B (blocks of 8), allgather:
-  //  ring: 63 steps of alpha (7 x 1e-6 + 20e-6) / 8 = 3.375 us and 8 B at
-  //    1e-9: 63 x 3.383e-6 = 213.129 us;
+  //  ring: 63 steps, each the chain's alpha (7 x 1e-6 + 20e-6) / 8 =
+  //    3.375 us and 8 B at 1e-9 (3.383 us), but at least the crossing hop's
+  //    pace, 20e-6 / 4 receives in flight + 8e-9 = 5.008 us: 315.504 us;
   //  bruck: every round d sends d blocks to r + d, min(d, 8) ranks a group
   //    crossing: sum over d of 20e-6 + 8 d x 1e-9 x min(d, 8) =
   //    120e-6 + (8 + 32 + 128 + 512 + 1024 + 2048) x 1e-9 = 123.752 us;
   //  rd: d = 1, 2, 4 inside: 3e-6 + 56 x 1e-10 = 3.0056 us; d = 8, 16, 32
   //    all 8 crossing: 60e-6 + (64 + 128 + 256) x 8e-9 = 63.584 us: 66.5896 us.
   // Reduce-scatter: the same plus the local gamma on the blocks reduced:
-  //  ring 63 (3.375e-6 + 8 x 1.1e-9) = 213.1794 us; bruck 123.752 us + 504
+  //  ring 63 (5.008e-6 + 8 x 1e-10) = 315.5544 us; bruck 123.752 us + 504
   //  x 1e-10 + the copy 512 x 1e-10 = 123.8536 us; rd 66.5896 + 504 x
   //  1e-10 = 66.64 us.
-  CHECK(two.scatter_gather(algorithm::ring, 512, t, false) == doctest::Approx(213.129e-6).epsilon(1e-12));
+  CHECK(two.scatter_gather(algorithm::ring, 512, t, false) == doctest::Approx(315.504e-6).epsilon(1e-12));
   CHECK(two.scatter_gather(algorithm::bruck, 512, t, false) == doctest::Approx(123.752e-6).epsilon(1e-12));
   CHECK(two.scatter_gather(algorithm::rd, 512, t, false) == doctest::Approx(66.5896e-6).epsilon(1e-12));
-  CHECK(two.scatter_gather(algorithm::ring, 512, t, true) == doctest::Approx(213.1794e-6).epsilon(1e-12));
+  CHECK(two.scatter_gather(algorithm::ring, 512, t, true) == doctest::Approx(315.5544e-6).epsilon(1e-12));
   CHECK(two.scatter_gather(algorithm::bruck, 512, t, true) == doctest::Approx(123.8536e-6).epsilon(1e-12));
   CHECK(two.scatter_gather(algorithm::rd, 512, t, true) == doctest::Approx(66.64e-6).epsilon(1e-12));
   const selector sel(two);
   CHECK(sel.choose_allgather(512, t, seg) == algorithm::rd);
   CHECK(sel.choose_reduce_scatter(512, t, seg) == algorithm::rd);
-  // 64 MiB (blocks of 1 MiB): ring allgather 63 (3.375e-6 + 1 Mi x 1e-9) =
-  // 66272.913 us, reduce-scatter 63 (3.375e-6 + 1 Mi x 1.1e-9) = 72878.9418
-  // us; bruck's and rd's round d = 32 alone moves 32 MiB with 8 ranks
+  // 64 MiB (blocks of 1 MiB): ring allgather 63 (5e-6 + 1 Mi x 1e-9) =
+  // 66375.288 us (the crossing hop's pace again), reduce-scatter 63 (5e-6 +
+  // 1 Mi x 1.1e-9) = 72981.3168 us; bruck's and rd's round d = 32 alone moves 32 MiB with 8 ranks
   // sharing the NIC: 32 Mi x 8e-9 = 268435.456 us: the ring.
-  CHECK(two.scatter_gather(algorithm::ring, big, t, false) == doctest::Approx(66272.913e-6).epsilon(1e-12));
-  CHECK(two.scatter_gather(algorithm::ring, big, t, true) == doctest::Approx(72878.9418e-6).epsilon(1e-12));
+  CHECK(two.scatter_gather(algorithm::ring, big, t, false) == doctest::Approx(66375.288e-6).epsilon(1e-12));
+  CHECK(two.scatter_gather(algorithm::ring, big, t, true) == doctest::Approx(72981.3168e-6).epsilon(1e-12));
   CHECK(two.scatter_gather(algorithm::rd, big, t, false) > 268435.456e-6);
   CHECK(two.scatter_gather(algorithm::bruck, big, t, false) > 268435.456e-6);
   CHECK(two.scatter_gather(algorithm::bruck, big, t, true) > 268435.456e-6);
@@ -1162,7 +1188,7 @@ TEST_CASE("select: allgather and reduce-scatter on many ranks: bruck or rd small
   // With a NIC per rank (nic_share 1) rd's rounds between groups move 56
   // MiB at 1e-9: 3e-6 + 7 Mi x 1e-10 + 60e-6 + 56 Mi x 1e-9 = 3e-6 +
   // 734.0032e-6 + 60e-6 + 58720.256e-6 = 59517.2592 us, below the ring's
-  // 66272.913 us: rd.
+  // 66375.288 us: rd.
   two.nic_share = 1;
   CHECK(two.scatter_gather(algorithm::rd, big, t, false) == doctest::Approx(59517.2592e-6).epsilon(1e-12));
   CHECK(selector(two).choose_allgather(big, t, seg) == algorithm::rd);

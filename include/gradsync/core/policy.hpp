@@ -132,9 +132,14 @@ inline constexpr std::size_t calibrate_bytes = std::size_t{8} << 20;
 /// the points, the 64-rank sweep of every schedule on the three simulated
 /// platforms is within the model's target at 356 of 393 points (292
 /// before; docs/benchmarks.md, "Message costs by size"). Powers of 8 from
-/// 1 KiB: SMPI's factor changes at 1.4, 3.5, 5.8, 9.4, 15 and 64 KiB.
+/// 1 KiB: SMPI's factor changes at 1.4, 3.5, 5.8, 9.4, 15 and 64 KiB; and
+/// 16 KiB, past the step at 15 KiB (latency factor 2.6 -> 3.5), which the
+/// 8 KiB point had priced up to 64 KiB: with it the same sweep is within
+/// target at 362 of 393 (358 without, same build and hour), the 32 KiB
+/// broadcast tree -53 % -> -35 % (shared, rail), 256 ranks -65 % -> -51 %.
 inline constexpr std::size_t calibrate_mid_bytes[] = {std::size_t{1} << 10, std::size_t{8} << 10,
-                                                     std::size_t{64} << 10, std::size_t{512} << 10};
+                                                     std::size_t{16} << 10, std::size_t{64} << 10,
+                                                     std::size_t{512} << 10};
 inline constexpr std::size_t calibrate_mid_points = std::size(calibrate_mid_bytes);
 
 /// How long a blocked send/receive waits for its peer before failing with an
