@@ -30,7 +30,7 @@ def rows(path):
             label = line[3:].strip()
             continue
         f = line.split()
-        if len(f) != 10 or not f[0].isdigit():
+        if len(f) != 10 or not f[0].isdigit() or f[4] == "limit":  # limit: the bench's memcpy row
             continue
         try:
             t, m = float(f[5]), float(f[6])
