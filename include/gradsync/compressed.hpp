@@ -238,7 +238,7 @@ compressed_prediction predict_compressed(const C& c, std::size_t count, const co
   // sparse_dense_ratio x a dense ring's bytes, else its own payload decoded
   // and the dense allreduce.
   const double sizes = m.gather_cost(algorithm::bruck, 8 * pf, topo, false);
-  r.sparse = (pf - 1) * pay <= policy::sparse_dense_ratio * 2 * q * n
+  r.sparse = algo::sparse_allgather::sparse_pays((pf - 1) * pay, n, p)
                  ? sizes + m.gather_cost(algorithm::ring, pf * pay, topo, false) + n * k.encode + (pf + fb) * n * k.decode
                  : sizes + dense_of(n) + n * (k.encode + k.decode);
   const double density = z.codec.params.count("density") ? z.codec.number("density", 0.01) : 0.01;

@@ -112,18 +112,24 @@ void gather(C& c, std::span<const std::byte> mine, std::span<const std::size_t> 
   gather(c, mine, sizes, out, tag, [] { return false; });
 }
 
+/// The rule itself: sparse while the most a rank receives, `received` bytes,
+/// is at most policy::sparse_dense_ratio x what a dense ring receives of a
+/// tensor of `tensor_bytes` on p ranks (also the cost model's, compressed.hpp).
+inline bool sparse_pays(double received, double tensor_bytes, int p) {
+  return p <= 1 || received <= policy::sparse_dense_ratio * 2.0 * (p - 1) / p * tensor_bytes;
+}
+
 /// Whether the sparse allgather beats the dense allreduce for payloads of
 /// `sizes` bytes on a tensor of n elements of `elem_bytes` (file comment).
 inline bool sparse_pays(std::span<const std::size_t> sizes, std::size_t n, std::size_t elem_bytes) {
-  const auto p = static_cast<double>(sizes.size());
   if (sizes.size() <= 1) return true;
   std::size_t total = 0, least = SIZE_MAX;
   for (auto s : sizes) {
     total += s;
     least = std::min(least, s);
   }
-  const double dense = 2.0 * (p - 1) / p * static_cast<double>(n) * static_cast<double>(elem_bytes);
-  return static_cast<double>(total - least) <= policy::sparse_dense_ratio * dense;
+  return sparse_pays(static_cast<double>(total - least), static_cast<double>(n) * static_cast<double>(elem_bytes),
+                     static_cast<int>(sizes.size()));
 }
 
 /// Whether p ranks' payloads are summed through n dense accumulators (past
