@@ -467,6 +467,16 @@ inline std::vector<int> roots_for(collective coll, int p) {
   return roots;
 }
 
+/// The one dtype the medium plan runs op `o` (not sum) with.
+constexpr dtype medium_dtype_of(op_kind o) {
+  switch (o) {
+  case op_kind::avg: return dtype::f64;
+  case op_kind::min: return dtype::f16;
+  case op_kind::max: return dtype::bf16;
+  default: return dtype::i32; // prod
+  }
+}
+
 /// Which counts, dtypes, ops and segment sizes a sweep crosses.
 struct plan {
   enum sizes { small, medium, large } size = small;
@@ -477,9 +487,11 @@ struct plan {
 };
 
 /// small: counts 0, 1, p-1, p+1 for every dtype and op, 64 B and default
-/// segments. medium: ~4099 elements, every dtype and op, 64 B and 4 KiB
-/// segments (many segments per block), half of the cases with a caller
-/// workspace. large: ~1,000,003 elements, f32 sum/avg/max and bf16 sum,
+/// segments. medium: ~4099 elements, every dtype with sum and each other op
+/// with one dtype (avg f64, min f16, max bf16, prod i32: the per-element
+/// math is the small and large plans'; medium is about segmentation), 64 B
+/// and 4 KiB segments (many segments per block), half of the cases with a
+/// caller workspace. large: ~1,000,003 elements, f32 sum/avg/max and bf16 sum,
 /// default segments in place and 4 KiB out of place. reduce_scatter and allgather take the count
 /// per rank block, so medium/large use count / p (rounded up) per block.
 inline plan standard_plan(plan::sizes s) {
@@ -519,6 +531,8 @@ inline std::vector<sweep_case> make_cases(collective coll, algorithm algo, const
         for (const op_kind o : ops) {
           // large: f32 with every op of the plan, bf16 with sum only
           if (pl.size == plan::large && t != dtype::f32 && o != op_kind::sum) continue;
+          // medium: every dtype with sum, each other op with one dtype
+          if (pl.size == plan::medium && o != op_kind::sum && t != medium_dtype_of(o)) continue;
           for (const bool in_place : {true, false}) {
             if (coll == collective::broadcast && !in_place) continue; // broadcast is in place
             for (std::size_t seg : pl.segments)

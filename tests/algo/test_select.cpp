@@ -60,9 +60,9 @@ struct ref_model {
     const double k2 = std::log2(q2), f = q2 == p ? 0 : 1, A = l.A, B = l.B, G = l.G;
     switch (x) {
     case algorithm::ring: return 2.0 * (p - 1) * A + 2.0 * (p - 1) / p * n * B + (p - 1.0) / p * n * G;
-    case algorithm::tree: { // the reduce pays alpha per segment per round, the broadcast once per round
+    case algorithm::tree: { // reduce and broadcast pay alpha per segment per round
       const double k = std::max(1.0, std::ceil(n / seg));
-      return (k + 1) * L * A + 2 * L * n * B + L * n * G;
+      return 2 * k * L * A + 2 * L * n * B + L * n * G;
     }
     case algorithm::rd: return (k2 + 2 * f) * A + (k2 + 2 * f) * n * B + (k2 + f) * n * G;
     case algorithm::rabenseifner:
@@ -113,27 +113,16 @@ struct ref_model {
     const double crossing = glob.A / 4 + b * glob.B;
     return chain + std::min(1.0, b / 4) * std::max(0.0, crossing - chain);
   }
-  // One pass of the segmented binomial tree. Broadcast: the first segment
-  // over every round's link, the rest at the root's pace (it moves each one
-  // per round). Reduce (`serial`): every segment over every round's link in
-  // turn (a rank waits for each send before the next segment).
-  double tree_pass(double n, int p, int gs, int m, double sg, bool serial = false) const {
+  // One pass of the segmented binomial tree: every segment over every
+  // round's link in turn (a rank sends or receives one message at a time).
+  double tree_pass(double n, int p, int gs, int m, double sg) const {
     const double k = std::max(1.0, std::ceil(n / sg)), s = n / k;
-    double first = 0, in = 0, out = 0;
+    double first = 0;
     for (int d = 1; d < p; d *= 2)
-      if (m > 1 && d >= gs) {
-        first += glob.A + s * glob.B;
-        out += glob.B;
-      } else {
-        first += loc.A + s * loc.B;
-        in += loc.B;
-      }
-    if (serial) {
-      double all = 0;
-      for (int j = 0; j < static_cast<int>(k); ++j) all += first;
-      return all;
-    }
-    return first + (k - 1) * s * std::max(in, out);
+      first += m > 1 && d >= gs ? glob.A + s * glob.B : loc.A + s * loc.B;
+    double all = 0;
+    for (int j = 0; j < static_cast<int>(k); ++j) all += first;
+    return all;
   }
   // The flat allreduces, each step costed by the links its pairs use; the
   // reduction is the local kernel's.
@@ -146,7 +135,7 @@ struct ref_model {
     switch (x) {
     case algorithm::ring:
       return 2.0 * (p - 1) * ring_step(gs, m, n / p) + (p - 1.0) / p * n * G;
-    case algorithm::tree: return tree_pass(n, p, gs, m, seg, true) + tree_pass(n, p, gs, m, seg) + L * n * G;
+    case algorithm::tree: return 2 * tree_pass(n, p, gs, m, seg) + L * n * G;
     case algorithm::rd: {
       double s = fold;
       for (int d = 1; d < q2; d *= 2) s += step(n, cross_xor(d, gs, m), gs, m);
@@ -246,7 +235,7 @@ struct ref_model {
     if (p <= 1) return 0;
     const double G = reduce ? loc.G : 0;
     switch (x) {
-    case algorithm::tree: return tree_pass(n, p, gs, m, sg, reduce) + ceil_lg(p) * n * G;
+    case algorithm::tree: return tree_pass(n, p, gs, m, sg) + ceil_lg(p) * n * G;
     case algorithm::ring: {
       const double k = std::max(1.0, std::ceil(n / sg)), s = n / k;
       return (p - 2) * (chain_A(gs, m) + s * (hop_B(gs, m) + G)) + k * (chain_A(gs, m) + s * (chain_B(m) + G));
@@ -673,9 +662,8 @@ TEST_CASE("select: calibrate fails on every rank for a malformed GRADSYNC_ALGO")
 
 TEST_CASE("select: broadcast and reduce pick tree, chain or scatter-allgather by the model") {
   // One group, link {10 us, 1e-10, 1e-10}, segments of S = 256 KiB:
-  //  tree: L = ceil(lg p) rounds of the whole message (the segments follow
-  //    at the root's pace, L beta each): L (alpha + n (beta + gamma)); a
-  //    reduce's k segments each pay the L alphas: k L alpha + L n (beta + gamma);
+  //  tree: L = ceil(lg p) rounds of each of the k segments, one message at a
+  //    time: k L alpha + L n (beta + gamma);
   //  chain: (p - 2 + k) (alpha + n/k (beta + gamma)), k = ceil(n / S);
   //  scatter_allgather (broadcast only): a binomial scatter of L rounds
   //    moving p - 1 blocks of n/p in all, then the ring allgather:
@@ -689,7 +677,7 @@ TEST_CASE("select: broadcast and reduce pick tree, chain or scatter-allgather by
         const double L = std::ceil(std::log2(p)), n = static_cast<double>(bytes), S = 1 << 18;
         const double g = red ? 1e-10 : 0;
         const double k = std::max(1.0, std::ceil(n / S));
-        const double tree = (red ? k : 1) * L * 10e-6 + L * n * (1e-10 + g); // a reduce: alpha per segment
+        const double tree = k * L * 10e-6 + L * n * (1e-10 + g); // alpha per segment per round
         const double chain = (p - 2 + k) * (10e-6 + n / k * (1e-10 + g));
         const double sa = red ? std::numeric_limits<double>::infinity()
                               : L * 10e-6 + (p - 1.0) / p * n * 1e-10 + (p - 1) * (10e-6 + n / p * 1e-10);
@@ -982,11 +970,11 @@ TEST_CASE("select: scatter-allgather broadcast by hand, and chosen for large bro
   const topology t{64, 64, 1};
   const std::size_t big = std::size_t{4} << 20; // 4 MiB: k = 16 segments
   // broadcast of 4 MiB:
-  //  tree: 6 rounds: 6 x 5e-6 + 6 x 4 Mi x 1e-10 = 30e-6 + 2516.5824e-6 = 2546.5824 us;
+  //  tree: 16 segments of 6 rounds: 96 x 5e-6 + 6 x 4 Mi x 1e-10 = 480e-6 + 2516.5824e-6 = 2996.5824 us;
   //  chain: (62 + 16)(5e-6 + 256 Ki x 1e-10) = 78 x 31.2144e-6 = 2434.7232 us;
   //  scatter_allgather (b = 64 KiB): 6 x 5e-6 + 63 x 6.5536e-6 = 442.8768 us
   //    + 63 (5e-6 + 6.5536e-6) = 727.8768 us: 1170.7536 us.
-  CHECK(w.rooted(algorithm::tree, big, t, false, seg) == doctest::Approx(2546.5824e-6).epsilon(1e-12));
+  CHECK(w.rooted(algorithm::tree, big, t, false, seg) == doctest::Approx(2996.5824e-6).epsilon(1e-12));
   CHECK(w.rooted(algorithm::ring, big, t, false, seg) == doctest::Approx(2434.7232e-6).epsilon(1e-12));
   CHECK(w.rooted(algorithm::scatter_allgather, big, t, false, seg) == doctest::Approx(1170.7536e-6).epsilon(1e-12));
   CHECK(sel.choose_rooted(big, t, false, seg) == algorithm::scatter_allgather);

@@ -197,28 +197,21 @@ struct cost_model {
   }
 
   /// One pass of the segmented binomial tree (tree.hpp: reduce or broadcast)
-  /// of n bytes in k segments of at most `seg`. Broadcast: the first segment
-  /// crosses every round's link (round d: the rank d away, crossing where d
-  /// spans a group, one crossing per group), the other k - 1 follow at the
-  /// busiest rank's pace, the root, which moves every segment once per
-  /// round. Reduce (`serial`): a rank waits for each segment's send before
-  /// it takes the next (tree.hpp's reduce_segment), so the root receives
-  /// every segment from every child in turn, k times the first segment's
-  /// path (SimGrid SMPI, 64 ranks, 100 Gbit/s NICs, 8 MiB: the pipelined
-  /// form predicted 27 % of the simulated reduce).
-  double tree_phase(const topology& t, double n, double seg, bool serial = false) const {
+  /// of n bytes in k segments of at most `seg`: k times the first segment's
+  /// path over every round's link (round d: the rank d away, crossing where
+  /// d spans a group). A rank handles one message at a time: the reduce
+  /// waits for each segment's send before it takes the next, so the root
+  /// receives every segment from every child in turn (SimGrid SMPI, 64
+  /// ranks, 100 Gbit/s NICs, 8 MiB: a pipelined form predicted 27 % of the
+  /// simulated reduce); the broadcast sends to one child at a time, so a
+  /// rank's sends of a segment take one round's time each.
+  double tree_phase(const topology& t, double n, double seg) const {
     const int p = t.ranks;
     const double k = std::max(1.0, std::ceil(n / std::max(1.0, seg))), s = n / k;
-    double first = 0, lin = 0, lout = 0;
+    double first = 0;
     for (int d = 1; d < p; d *= 2)
-      if (t.groups > 1 && d >= t.group_size) {
-        first += global.msg(s);
-        lout += global.beta;
-      } else {
-        first += local.msg(s);
-        lin += local.beta;
-      }
-    return serial ? k * first : first + (k - 1) * s * std::max(lin, lout);
+      first += t.groups > 1 && d >= t.group_size ? global.msg(s) : local.msg(s);
+    return k * first;
   }
   /// Predicted seconds of a flat allreduce of `n` bytes over `p` ranks on
   /// link `l` (`seg`: pipeline segment bytes). NaN for hier/twod/automatic.
@@ -244,7 +237,7 @@ struct cost_model {
     switch (a) {
     case algorithm::ring:
       return 2 * (p - 1) * ring_step(t, n / p) + (p - 1.0) / p * n * g;
-    case algorithm::tree: return tree_phase(t, n, seg, true) + tree_phase(t, n, seg) + lg * n * g; // reduce, then broadcast
+    case algorithm::tree: return 2 * tree_phase(t, n, seg) + lg * n * g; // reduce, then broadcast
     case algorithm::rd: {
       double s = folds;
       for (int d = 1; d < pof2; d *= 2) s += step(t, n, crossing(t, d, false));
@@ -473,7 +466,7 @@ struct cost_model {
     const auto n = static_cast<double>(bytes);
     const double g = reduce ? local.gamma : 0;
     if (a == algorithm::tree)
-      return tree_phase(t, n, static_cast<double>(seg), reduce) + std::bit_width(static_cast<unsigned>(p) - 1) * n * g;
+      return tree_phase(t, n, static_cast<double>(seg)) + std::bit_width(static_cast<unsigned>(p) - 1) * n * g;
     if (a == algorithm::scatter_allgather) {
       const double b = n / p;
       double s = 0;
