@@ -310,7 +310,11 @@ TEST_CASE("verify: calls nested in a checked call (compressed, automatic) never 
   for (int p : {2, 3, 4}) {
     CAPTURE(p);
     constexpr std::size_t n = 4096;
+#ifdef GRADSYNC_TEST_SANITIZED
+    constexpr int calls = 4; // memory checks need the path once; the race needs the plain build's 12
+#else
     constexpr int calls = 12;
+#endif
     std::vector<std::vector<float>> got(static_cast<std::size_t>(p));
     inproc::run(p, [&](communicator& c) {
       c.set_timeout(5s);
