@@ -11,21 +11,30 @@ import sys
 import tempfile
 
 
+def run_json(argv):
+    """Runs the bench command `argv` with --json into a temporary file, echoes
+    its output; returns the finished process and the JSON rows it wrote."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "rows.json")
+        proc = subprocess.run(argv + ["--json", path], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              timeout=300)
+        sys.stdout.write(proc.stdout)
+        sys.stderr.write(proc.stderr)
+        rows = []
+        if os.path.exists(path):
+            with open(path) as f:
+                rows = [json.loads(line) for line in f if line.strip()]
+    return proc, rows
+
+
 def main(argv):
     if not argv:
         print(__doc__)
         return 1
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "rows.json")
-        proc = subprocess.run(argv + ["--inject-error", "--json", path],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
-        sys.stdout.write(proc.stdout)
-        sys.stderr.write(proc.stderr)
-        if proc.returncode != 2:
-            print(f"expected exit status 2 (wrong results), got {proc.returncode}")
-            return 1
-        with open(path) as f:
-            rows = [json.loads(line) for line in f if line.strip()]
+    proc, rows = run_json(argv + ["--inject-error"])
+    if proc.returncode != 2:
+        print(f"expected exit status 2 (wrong results), got {proc.returncode}")
+        return 1
     results = [r for r in rows if r["algo"] != "limit"]
     if not results:
         print("no result rows written")

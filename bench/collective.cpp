@@ -182,6 +182,12 @@ int collective_main(std::string_view name, int argc, char** argv) {
   app.add_flag("--memcpy-each-size", cfg.memcpy_each_size,
                "a 'memcpy' row per size: rank 0 copies that many bytes while the others wait (the memory's "
                "own speed at that size and moment; bench/cliff_check.py compares busbw with it)");
+  app.add_option("--skip-slower", cfg.skip_slower,
+                 "do not run a forced schedule (-a NAME, not auto or native) whose model prediction is over this "
+                 "many times the best prediction of the size's rows: its row says 'skipped' and stays out of "
+                 "the JSON (0: run every row)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   sweep_options sw;
   sw.add_to(app);
   app.add_option("--device", cfg.device,

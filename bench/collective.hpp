@@ -52,6 +52,11 @@ struct config {
   /// --memcpy-each-size: a "memcpy" row per size (rank 0 copies that many
   /// bytes while the others wait), what bench/cliff_check.py divides by.
   bool memcpy_each_size = false;
+  /// --skip-slower F: a forced schedule the model puts above F times the
+  /// best prediction of the size's rows is not run; its row says "skipped"
+  /// (simulated 1024-rank tables, where such rows take minutes of host time
+  /// each and would never be picked). 0: every row runs.
+  double skip_slower = 0;
   std::string json;
   /// -z: codecs of compressed allreduce rows (two rows per codec and size:
   /// always compressed, and compress_mode::automatic with its decision).

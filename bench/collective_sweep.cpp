@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -347,9 +348,21 @@ std::int64_t sweep_op(C& c, const config& cfg, const selector& sel, report& rep)
       if (r == 0) rep.add_memcpy(measure_memcpy(s.bytes), like);
       barrier(c);
     }
+    // Every rank holds the same calibrated model, so every rank skips alike.
+    double best_us = std::numeric_limits<double>::infinity();
+    if (cfg.skip_slower > 0)
+      for (const auto& a : cfg.algos)
+        if (const auto m = predict<T>(c, cfg.kind, a, options_for(a, {}), s, sel).micros) best_us = std::min(best_us, *m);
     for (const auto& a : cfg.algos) {
       const options o = options_for(a, std::span<std::byte>(ws.data(), ws.size()));
       const prediction pred = predict<T>(c, cfg.kind, a, o, s, sel);
+      if (cfg.skip_slower > 0 && !a.native && a.a != algorithm::automatic && pred.micros &&
+          *pred.micros > cfg.skip_slower * best_us) {
+        const double nan = std::numeric_limits<double>::quiet_NaN();
+        rep.add(row{cfg.name, cfg.transport, p, a.name, std::string(dtype_name(cfg.dt)), op_label, s.bytes, s.count,
+                    nan, nan, nan, -1, pred.micros, pred.picked, {}, {}});
+        continue;
+      }
       exec::host host;
 #if defined(GRADSYNC_BENCH_SIM)
       idle_executor idle;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -193,9 +194,11 @@ std::string algo_label(const row& r) {
 }
 
 void print_row(const row& r, const std::string& count, const std::string& wrong) {
+  const bool ran = !std::isnan(r.time_us); // NaN: skipped (--skip-slower)
   std::printf(row_format, std::to_string(r.bytes).c_str(), count.c_str(), r.dtype.c_str(), r.op.c_str(),
-              algo_label(r).c_str(), fixed(r.time_us, 2).c_str(), r.model_us ? fixed(*r.model_us, 2).c_str() : "-",
-              fixed(r.algbw_gbs, 2).c_str(), fixed(r.busbw_gbs, 2).c_str(), wrong.c_str());
+              algo_label(r).c_str(), ran ? fixed(r.time_us, 2).c_str() : "skipped",
+              r.model_us ? fixed(*r.model_us, 2).c_str() : "-", ran ? fixed(r.algbw_gbs, 2).c_str() : "-",
+              ran ? fixed(r.busbw_gbs, 2).c_str() : "-", wrong.c_str());
 }
 } // namespace
 
@@ -241,9 +244,10 @@ void report::header() {
 
 void report::add(const row& r) {
   if (!active_) return;
-  rows_.push_back(r);
   print_row(r, std::to_string(r.count), r.wrong < 0 ? "N/A" : std::to_string(r.wrong));
   std::fflush(stdout);
+  if (std::isnan(r.time_us)) return; // a skipped row: printed only, no measurement to keep
+  rows_.push_back(r);
   if (json_) {
     nlohmann::json j = {{"collective", r.collective}, {"transport", r.transport}, {"ranks", r.ranks},
                         {"algo", r.algo},             {"dtype", r.dtype},         {"op", r.op},

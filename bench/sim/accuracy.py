@@ -30,8 +30,8 @@ def rows(path):
             label = line[3:].strip()
             continue
         f = line.split()
-        if len(f) != 10 or not f[0].isdigit() or f[4] == "limit":  # limit: the bench's memcpy row
-            continue
+        if len(f) != 10 or not f[0].isdigit() or f[4] == "limit" or f[5] == "skipped":
+            continue  # limit: the bench's memcpy row; skipped: not run (--skip-slower)
         try:
             t, m = float(f[5]), float(f[6])
         except ValueError:

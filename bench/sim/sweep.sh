@@ -5,6 +5,9 @@
 # line per run), for bench/sim/accuracy.py.
 #   bench/sim/sweep.sh NP OUT [PLATFORMS] -- [bench options]
 # e.g. bench/sim/sweep.sh 64 sim64.txt "shared rail fast" -- -b 8 -e 16M -f 16 -n 2 -w 1
+# At 1024 ranks add --skip-slower F (gradsync-bench): forced schedules the
+# model puts above F times the size's best are not simulated (minutes of host
+# time each for rd or a segmented tree at 8 MiB), their rows say "skipped".
 # Rows are unchecked (-c 0: shared-memory payloads, no element work) and
 # without the agreement check (--verify never), which no formula includes.
 # rail gets --group-size 8 (its ranks are one SimGrid host each, so MPI sees
