@@ -349,13 +349,16 @@ std::int64_t sweep_op(C& c, const config& cfg, const selector& sel, report& rep)
       barrier(c);
     }
     // Every rank holds the same calibrated model, so every rank skips alike.
+    std::vector<prediction> preds;
     double best_us = std::numeric_limits<double>::infinity();
-    if (cfg.skip_slower > 0)
-      for (const auto& a : cfg.algos)
-        if (const auto m = predict<T>(c, cfg.kind, a, options_for(a, {}), s, sel).micros) best_us = std::min(best_us, *m);
     for (const auto& a : cfg.algos) {
+      preds.push_back(predict<T>(c, cfg.kind, a, options_for(a, std::span<std::byte>(ws.data(), ws.size())), s, sel));
+      if (preds.back().micros) best_us = std::min(best_us, *preds.back().micros);
+    }
+    for (std::size_t i = 0; i < cfg.algos.size(); ++i) {
+      const algo_choice& a = cfg.algos[i];
       const options o = options_for(a, std::span<std::byte>(ws.data(), ws.size()));
-      const prediction pred = predict<T>(c, cfg.kind, a, o, s, sel);
+      const prediction& pred = preds[i];
       if (cfg.skip_slower > 0 && !a.native && a.a != algorithm::automatic && pred.micros &&
           *pred.micros > cfg.skip_slower * best_us) {
         const double nan = std::numeric_limits<double>::quiet_NaN();
