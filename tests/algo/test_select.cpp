@@ -238,7 +238,13 @@ struct ref_model {
     case algorithm::tree: return tree_pass(n, p, gs, m, sg) + ceil_lg(p) * n * G;
     case algorithm::ring: {
       const double k = std::max(1.0, std::ceil(n / sg)), s = n / k;
-      return (p - 2) * (chain_A(gs, m) + s * (hop_B(gs, m) + G)) + k * (chain_A(gs, m) + s * (chain_B(m) + G));
+      const double fill = chain_A(gs, m) + s * (hop_B(gs, m) + G);
+      if (m <= 1) return (p - 2 + k) * (loc.A + s * (loc.B + G));
+      // one send in flight: each segment at the slowest hop's whole message
+      static_assert(policy::chain_ranks_per_segment_for_one_send == 2 && policy::pipeline_depth == 4);
+      if (p > 2 * k) return (p - 2) * fill + k * (std::max(loc.A + s * loc.B, glob.A + s * glob.B) + s * G);
+      // four: the first min(k, 4) segments cross each group's link together
+      return (p - 2) * (fill + (std::min(k, 4.0) - 1) * s * glob.B / gs) + k * (chain_A(gs, m) + s * (chain_B(m) + G));
     }
     case algorithm::scatter_allgather: {
       if (reduce) return inf;
@@ -1068,13 +1074,14 @@ TEST_CASE("select: dbtree by hand: one alpha per stage; the full pipeline shares
 TEST_CASE("select: the chain broadcast and reduce on several groups by hand") {
   // 16 ranks in 4 groups of 4, local {1 us, 1e-10, 1e-10}, global {10 us,
   // 1e-9, 3e-10}; n = 1 MiB in k = 4 segments of s = 256 Ki.
-  // Per hop: alpha (3 x 1e-6 + 10e-6) / 4 = 3.25 us; the filling segment's
-  // beta averaged over the hops (3 x 1e-10 + 1e-9) / 4 = 3.25e-10; the
-  // pipeline's pace the slower link's 1e-9.
-  // Broadcast: 14 (3.25e-6 + s 3.25e-10) + 4 (3.25e-6 + s 1e-9)
-  //   = 14 x 88.4468e-6 + 4 x 265.394e-6 = 1238.2552 + 1061.576 = 2299.8312 us.
-  // Reduce (local gamma 1e-10 per hop): 14 (3.25e-6 + s 4.25e-10) +
-  //   4 (3.25e-6 + s 1.1e-9) = 1605.2568 + 1166.4336 = 2771.6904 us.
+  // Per hop of the fill: alpha (3 x 1e-6 + 10e-6) / 4 = 3.25 us; the
+  // filling segment's beta averaged over the hops (3 x 1e-10 + 1e-9) / 4 =
+  // 3.25e-10. 16 ranks > 2 x 4 segments: one send in flight, so each
+  // segment then leaves at the slowest hop's whole message, 10 us + s 1e-9.
+  // Broadcast: 14 (3.25e-6 + s 3.25e-10) + 4 (10e-6 + s 1e-9)
+  //   = 14 x 88.4468e-6 + 4 x 272.144e-6 = 1238.2552 + 1088.576 = 2326.8312 us.
+  // Reduce (local gamma 1e-10 per hop and segment): 14 (3.25e-6 + s 4.25e-10)
+  //   + 4 (10e-6 + s 1.1e-9) = 1605.2568 + 1193.4336 = 2798.6904 us.
   cost_model m;
   m.local = {1e-6, 1e-10, 1e-10};
   m.global = {10e-6, 1e-9, 3e-10};
@@ -1083,14 +1090,22 @@ TEST_CASE("select: the chain broadcast and reduce on several groups by hand") {
   CHECK(m.chain_alpha(t, 4096) == doctest::Approx(3.25e-6).epsilon(1e-12));
   CHECK(m.hop_beta(t) == doctest::Approx(3.25e-10).epsilon(1e-12));
   CHECK(m.chain_beta(t) == doctest::Approx(1e-9).epsilon(1e-12));
-  CHECK(m.rooted(algorithm::ring, n, t, false, seg) == doctest::Approx(2299.8312e-6).epsilon(1e-12));
-  CHECK(m.rooted(algorithm::ring, n, t, true, seg) == doctest::Approx(2771.6904e-6).epsilon(1e-12));
+  CHECK(m.rooted(algorithm::ring, n, t, false, seg) == doctest::Approx(2326.8312e-6).epsilon(1e-12));
+  CHECK(m.rooted(algorithm::ring, n, t, true, seg) == doctest::Approx(2798.6904e-6).epsilon(1e-12));
   // One crossing message per group at a time: the shared NIC does not enter.
   m.nic_share = 4;
-  CHECK(m.rooted(algorithm::ring, n, t, false, seg) == doctest::Approx(2299.8312e-6).epsilon(1e-12));
-  // One group: the textbook chain, (14 + 4)(1e-6 + s 1e-10) = 18 x
-  // 27.2144e-6 = 489.8592 us.
+  CHECK(m.rooted(algorithm::ring, n, t, false, seg) == doctest::Approx(2326.8312e-6).epsilon(1e-12));
+  // 4 MiB: k = 16 segments, 16 ranks <= 2 x 16: four sends in flight. The
+  // first four segments cross each group's link together, so each hop of
+  // the fill adds 3 s 1e-9 / 4 = 196.608 us: 14 (88.4468 + 196.608) =
+  // 3990.7672 us; the stream hides the latencies at the averaged hop:
+  // 16 (3.25e-6 + s 1e-9) = 16 x 265.394 = 4246.304 us.
+  CHECK(m.rooted(algorithm::ring, 4 * n, t, false, seg) == doctest::Approx(8237.0712e-6).epsilon(1e-12));
+  // One group: the textbook chain whatever the sends in flight, (14 + 4)
+  // (1e-6 + s 1e-10) = 18 x 27.2144e-6 = 489.8592 us, and for 4 MiB
+  // (14 + 16) x 27.2144e-6 = 816.432 us.
   CHECK(m.rooted(algorithm::ring, n, 16, false, seg) == doctest::Approx(489.8592e-6).epsilon(1e-12));
+  CHECK(m.rooted(algorithm::ring, 4 * n, 16, false, seg) == doctest::Approx(816.432e-6).epsilon(1e-12));
 }
 
 TEST_CASE("select: allgather and reduce-scatter on many ranks: bruck or rd small, ring large") {

@@ -16,6 +16,17 @@
 
 namespace gradsync::algo::chain {
 
+/// Sends in flight to the next rank (policy::chain_ranks_per_segment_for_one_send):
+/// one where the pipeline's fill (p - 2 hops) outweighs its stream of
+/// `nseg` segments, else as many as the receives posted ahead.
+inline std::size_t sends_in_flight(int p, std::size_t nseg) {
+  return static_cast<std::size_t>(p) > policy::chain_ranks_per_segment_for_one_send * nseg
+             ? 1
+             : static_cast<std::size_t>(policy::pipeline_depth);
+}
+// A slot is posted again pipeline_depth segments after the send out of it.
+static_assert(staging_slots >= 2 * static_cast<std::size_t>(policy::pipeline_depth));
+
 /// Scratch bytes of broadcast over `sop`: rotating slots where received
 /// segments cannot land in place or the root's sends are staged.
 template <segment_op S>
@@ -37,15 +48,17 @@ void broadcast(C& c, const S& sop, typename S::value_type* data, std::size_t cou
   const int next = v + 1 < p ? mod(r + 1, p) : -1, prev = v > 0 ? mod(r - 1, p) : -1;
   const auto g = segmentation::make(partition{count, 1}, sizeof(T), seg_bytes);
   const bool slotted = prev < 0 ? S::staged_send : !S::in_place_copy;
-  slot_pool<C> pool(scratch, slotted ? sop.slot_bytes(g.max_seg) : 0, staging_slots);
-  std::vector<request_t<C>> sends;
-  auto forward = [&](std::size_t j, std::span<const std::byte> w) {
-    if (next < 0) return;
-    if (slotted) pool.hold(j, c.isend(w, next, tag));
-    else sends.push_back(c.isend(w, next, tag));
-  };
   std::size_t nseg = 0;
   while (nseg < g.nseg && g.size(0, nseg)) ++nseg; // segments are non-increasing in size
+  // sends_in_flight sends at most (segments sent at once share the link and
+  // arrive together), receives policy::pipeline_depth ahead. The pool only
+  // addresses the slots: a slot is posted again depth segments after its
+  // send, and the window has completed that send by then.
+  slot_pool<C> pool(scratch, slotted ? sop.slot_bytes(g.max_seg) : 0, staging_slots);
+  send_window<C> sends(sends_in_flight(p, nseg));
+  auto forward = [&](std::size_t, std::span<const std::byte> w) {
+    if (next >= 0) sends.push(c.isend(w, next, tag));
+  };
   if (prev < 0) {
     for (std::size_t j = 0; j < nseg; ++j) {
       const auto w = sop.wire(data + g.offset(0, j), g.size(0, j), slotted ? pool.acquire(j) : nullptr);
@@ -74,8 +87,7 @@ void broadcast(C& c, const S& sop, typename S::value_type* data, std::size_t cou
       if (j + depth < nseg) post(j + depth);
     }
   }
-  pool.drain();
-  wait_all(sends);
+  sends.drain();
 }
 
 /// Scratch elements of the typed chain reduce.
@@ -115,16 +127,13 @@ void reduce(C& c, const S& sop, const typename S::value_type* in, typename S::va
   while (nseg < g.nseg && g.size(0, nseg)) ++nseg;
   const std::size_t nslots = staging_slots, stride = sop.slot_bytes(g.max_seg);
   slot_pool<C> pool(scratch, stride, nslots); // receives and the sends out of them
+  // Sends in flight as in the broadcast (above); the pool only addresses the
+  // slots, each send having completed before its slot is posted again.
+  send_window<C> sends(sends_in_flight(p, nseg));
   if (from < 0) { // the far end of the chain sends its input as is
-    std::vector<request_t<C>> sends;
-    for (std::size_t j = 0; j < nseg; ++j) {
-      std::byte* st = S::staged_send ? pool.acquire(j) : nullptr;
-      auto rq = send_segment(c, sop, in + g.offset(0, j), g.size(0, j), st, to, tag);
-      if constexpr (S::staged_send) pool.hold(j, std::move(rq));
-      else sends.push_back(std::move(rq));
-    }
-    pool.drain();
-    wait_all(sends);
+    for (std::size_t j = 0; j < nseg; ++j)
+      sends.push(send_segment(c, sop, in + g.offset(0, j), g.size(0, j), S::staged_send ? pool.acquire(j) : nullptr, to, tag));
+    sends.drain();
     return;
   }
   const std::size_t depth = policy::pipeline_depth;
@@ -144,11 +153,11 @@ void reduce(C& c, const S& sop, const typename S::value_type* in, typename S::va
     } else {
       const auto w = sop.reduce(got, in + off, n, span_of(j).data()); // recv-reduce-send
       sop.fence();
-      pool.hold(j, c.isend(w, to, tag));
+      sends.push(c.isend(w, to, tag));
     }
     if (j + depth < nseg) post(j + depth);
   }
-  pool.drain();
+  sends.drain();
 }
 
 /// Typed broadcast on executor `ex` (no scratch).

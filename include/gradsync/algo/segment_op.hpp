@@ -18,6 +18,7 @@
 
 #include <concepts>
 #include <cstddef>
+#include <deque>
 #include <span>
 #include <vector>
 
@@ -155,6 +156,35 @@ request_t<C> send_segment(C& c, const S& sop, const typename S::value_type* mine
   if constexpr (S::staged_send) sop.fence();
   return c.isend(w, peer, tag);
 }
+
+/// At most `width` sends in flight: a new one first waits for the oldest.
+/// Width 1 completes each send at once: a send left in flight while the
+/// rank waited for its next receive made a 512 KiB chain broadcast on 64
+/// SimGrid SMPI ranks take 5124 us instead of 3940 (the cause is in SMPI's
+/// progress of large sends; not traced further).
+template <transport C> class send_window {
+public:
+  explicit send_window(std::size_t width) : width_(width) {}
+  void push(request_t<C>&& r) {
+    if (width_ <= 1) {
+      r.wait();
+      return;
+    }
+    if (q_.size() >= width_) {
+      q_.front().wait();
+      q_.pop_front();
+    }
+    q_.push_back(std::move(r));
+  }
+  /// Waits for every send still in flight.
+  void drain() {
+    for (; !q_.empty(); q_.pop_front()) q_.front().wait();
+  }
+
+private:
+  std::size_t width_;
+  std::deque<request_t<C>> q_;
+};
 
 /// Rotating staging slots for segments sent (or forwarded) out of them:
 /// slot k % count is handed out again only after every send out of it has

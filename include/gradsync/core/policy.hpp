@@ -35,6 +35,19 @@ inline constexpr int alltoall_window = 32;
 /// Receive segments kept in flight per pipelined schedule (staging slots).
 inline constexpr int pipeline_depth = 4;
 
+/// The pipelined chain (algo/chain.hpp) keeps one send in flight to its
+/// next rank where it has more than this many ranks per segment, else
+/// pipeline_depth. Segments in flight at once share the link, so the first
+/// arrives with the last and every hop of the pipeline's fill pays for all
+/// of them; one at a time pays a whole latency per segment. The fill is
+/// p - 2 hops, the stream k segments: which costs more depends on p / k.
+/// SimGrid SMPI, broadcast in 256 KiB segments, simulated ms with 1 / 2 / 4
+/// sends in flight: 256 ranks `shared` 4 MiB (k = 16) 21.0 / 33.8 / 40.5;
+/// 64 ranks `shared` 8 MiB (k = 32) 14.8 / 14.9 / 15.9, 16 MiB 26.2 / 23.8
+/// / 24.4; 64 ranks `fast` (100 Gbit/s) 8 MiB 4.17 / 3.26 / 3.22, 16 MiB
+/// 6.74 / 4.65 / 4.44.
+inline constexpr std::size_t chain_ranks_per_segment_for_one_send = 2;
+
 /// MPI counts are ints: a transfer is split into messages of at most this size.
 inline constexpr std::size_t mpi_max_message_bytes = std::size_t{1} << 30;
 /// Largest call (bytes of payload) whose agreement check rides in its own
