@@ -135,7 +135,18 @@ def main():
     src = os.path.abspath(sys.argv[2])
     version = project_version(src)
     with tempfile.TemporaryDirectory(prefix="gradsync-consumer-") as tmp:
-        ways[sys.argv[1]](src, tmp, version)
+        # Every command runs in this consumer's own directory: meson's cmake
+        # module probes with `cmake --system-information`, which builds a
+        # scratch project under the working directory, and two consumers
+        # probing in the one they were started in (the test build's) broke
+        # each other's ("CMAKE_CXX_COMPILER not set", fresh-clone run of
+        # 2026-12-07 10:03).
+        here = os.getcwd()
+        os.chdir(tmp)
+        try:
+            ways[sys.argv[1]](src, tmp, version)
+        finally:
+            os.chdir(here)
 
 
 if __name__ == "__main__":
