@@ -56,14 +56,14 @@ void broadcast(C& c, const S& sop, typename S::value_type* data, std::size_t cou
   // send, and the window has completed that send by then.
   slot_pool<C> pool(scratch, slotted ? sop.slot_bytes(g.max_seg) : 0, staging_slots);
   send_window<C> sends(sends_in_flight(p, nseg));
-  auto forward = [&](std::size_t, std::span<const std::byte> w) {
+  auto forward = [&](std::span<const std::byte> w) {
     if (next >= 0) sends.push(c.isend(w, next, tag));
   };
   if (prev < 0) {
     for (std::size_t j = 0; j < nseg; ++j) {
       const auto w = sop.wire(data + g.offset(0, j), g.size(0, j), slotted ? pool.acquire(j) : nullptr);
       if constexpr (S::staged_send) sop.fence();
-      forward(j, w);
+      forward(w);
     }
   } else {
     // Receives run policy::pipeline_depth ahead, each into its own target.
@@ -83,7 +83,7 @@ void broadcast(C& c, const S& sop, typename S::value_type* data, std::size_t cou
       const auto got = arrived<S>(*rq[j % depth], target[j % depth]);
       rq[j % depth].reset();
       sop.copy(got, data + g.offset(0, j), g.size(0, j));
-      forward(j, got);
+      forward(got);
       if (j + depth < nseg) post(j + depth);
     }
   }
