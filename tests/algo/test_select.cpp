@@ -239,9 +239,13 @@ struct ref_model {
     case algorithm::ring: {
       const double k = std::max(1.0, std::ceil(n / sg)), s = n / k;
       const double fill = chain_A(gs, m) + s * (hop_B(gs, m) + G);
-      if (m <= 1) return (p - 2 + k) * (loc.A + s * (loc.B + G));
-      // one send in flight: each segment at the slowest hop's whole message
       static_assert(policy::chain_ranks_per_segment_for_one_send == 2 && policy::pipeline_depth == 4);
+      if (m <= 1 || gs <= 1) { // every hop on one link: the textbook chain, but with four
+        const ref_link& l = m <= 1 ? loc : glob; // in flight the first four segments share each hop of the fill
+        if (p > 2 * k) return (p - 2 + k) * (l.A + s * (l.B + G));
+        return (p - 2) * (l.A + std::min(k, 4.0) * s * l.B + s * G) + k * (l.A + s * (l.B + G));
+      }
+      // one send in flight: each segment at the slowest hop's whole message
       if (p > 2 * k) return (p - 2) * fill + k * (std::max(loc.A + s * loc.B, glob.A + s * glob.B) + s * G);
       // four: the first min(k, 4) segments cross each group's link together
       return (p - 2) * (fill + (std::min(k, 4.0) - 1) * s * glob.B / gs) + k * (chain_A(gs, m) + s * (chain_B(m) + G));
@@ -670,7 +674,11 @@ TEST_CASE("select: broadcast and reduce pick tree, chain or scatter-allgather by
   // One group, link {10 us, 1e-10, 1e-10}, segments of S = 256 KiB:
   //  tree: L = ceil(lg p) rounds of each of the k segments, one message at a
   //    time: k L alpha + L n (beta + gamma);
-  //  chain: (p - 2 + k) (alpha + n/k (beta + gamma)), k = ceil(n / S);
+  //  chain: (p - 2 + k) (alpha + n/k (beta + gamma)), k = ceil(n / S),
+  //    where it has one send in flight (p > 2k); else D = min(k, 4) in
+  //    flight, each hop of the fill carrying D segments' bytes:
+  //    (p - 2)(alpha + D s beta + s gamma) + k (alpha + s (beta + gamma)),
+  //    s = n / k (no latency overlaps: link_cost::latency is 0);
   //  scatter_allgather (broadcast only): a binomial scatter of L rounds
   //    moving p - 1 blocks of n/p in all, then the ring allgather:
   //    L alpha + (p-1)/p n beta + (p - 1)(alpha + n/p beta).
@@ -684,7 +692,9 @@ TEST_CASE("select: broadcast and reduce pick tree, chain or scatter-allgather by
         const double g = red ? 1e-10 : 0;
         const double k = std::max(1.0, std::ceil(n / S));
         const double tree = k * L * 10e-6 + L * n * (1e-10 + g); // alpha per segment per round
-        const double chain = (p - 2 + k) * (10e-6 + n / k * (1e-10 + g));
+        const double s = n / k, chain = p > 2 * k ? (p - 2 + k) * (10e-6 + s * (1e-10 + g))
+                                                  : (p - 2) * (10e-6 + std::min(k, 4.0) * s * 1e-10 + s * g) +
+                                                        k * (10e-6 + s * (1e-10 + g));
         const double sa = red ? std::numeric_limits<double>::infinity()
                               : L * 10e-6 + (p - 1.0) / p * n * 1e-10 + (p - 1) * (10e-6 + n / p * 1e-10);
         INFO("p=" << p << " bytes=" << bytes << " reduce=" << red);
@@ -1101,11 +1111,28 @@ TEST_CASE("select: the chain broadcast and reduce on several groups by hand") {
   // 3990.7672 us; the stream hides the latencies at the averaged hop:
   // 16 (3.25e-6 + s 1e-9) = 16 x 265.394 = 4246.304 us.
   CHECK(m.rooted(algorithm::ring, 4 * n, t, false, seg) == doctest::Approx(8237.0712e-6).epsilon(1e-12));
-  // One group: the textbook chain whatever the sends in flight, (14 + 4)
-  // (1e-6 + s 1e-10) = 18 x 27.2144e-6 = 489.8592 us, and for 4 MiB
-  // (14 + 16) x 27.2144e-6 = 816.432 us.
+  // One group, one send in flight (1 MiB): the textbook chain, (14 + 4)
+  // (1e-6 + s 1e-10) = 18 x 27.2144e-6 = 489.8592 us.
   CHECK(m.rooted(algorithm::ring, n, 16, false, seg) == doctest::Approx(489.8592e-6).epsilon(1e-12));
-  CHECK(m.rooted(algorithm::ring, 4 * n, 16, false, seg) == doctest::Approx(816.432e-6).epsilon(1e-12));
+  // Four in flight (4 MiB): each hop of the fill carries four segments,
+  // 14 (1e-6 + 4 s 1e-10) = 14 x 105.8576 = 1482.0064 us, then 16 segments
+  // of a whole message each (no latency overlaps: link_cost::latency 0),
+  // 16 x 27.2144 = 435.4304 us: 1917.4368 us.
+  CHECK(m.rooted(algorithm::ring, 4 * n, 16, false, seg) == doctest::Approx(1917.4368e-6).epsilon(1e-12));
+  // All of alpha overlaps (latency = alpha, as calibrated under SMPI): a
+  // segment of the stream costs its bytes, max(s 1e-10, 27.2144 / 4) =
+  // 26.2144 us: 1482.0064 + 419.4304 = 1901.4368 us.
+  m.local.latency = 1e-6;
+  CHECK(m.rooted(algorithm::ring, 4 * n, 16, false, seg) == doctest::Approx(1901.4368e-6).epsilon(1e-12));
+  // A latency of 100 us that four in flight cannot cover: the stream pays
+  // a message over four, (100 + 26.2144) / 4 = 31.5536 us a segment; the
+  // fill 14 (100 + 104.8576) = 2868.0064 us: 3372.864 us.
+  m.local.alpha = m.local.latency = 100e-6;
+  CHECK(m.rooted(algorithm::ring, 4 * n, 16, false, seg) == doctest::Approx(3372.864e-6).epsilon(1e-12));
+  // Groups of one rank: every hop crosses, the same form on the global
+  // link: 14 (10e-6 + 4 s 1e-9) + 16 (10e-6 + s 1e-9) = 14820.064 +
+  // 4354.304 = 19174.368 us.
+  CHECK(m.rooted(algorithm::ring, 4 * n, topology{16, 1, 16}, false, seg) == doctest::Approx(19174.368e-6).epsilon(1e-12));
 }
 
 TEST_CASE("select: allgather and reduce-scatter on many ranks: bruck or rd small, ring large") {
