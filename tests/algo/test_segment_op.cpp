@@ -188,4 +188,82 @@ TEST_CASE("segment op: every allreduce, reduce and broadcast schedule runs a var
       }
 }
 
+
+// inproc ranks that track how many receives are posted and not yet
+// completed, and the most at once.
+struct watched {
+  static constexpr std::string_view name = "watched";
+  inproc::communicator& c;
+  int open = 0, most = 0;
+  struct recv_req {
+    inproc::request inner;
+    int* open;
+    bool done = false;
+    recv_req(inproc::request r, int* o) : inner(std::move(r)), open(o) {}
+    recv_req(recv_req&& o) noexcept : inner(std::move(o.inner)), open(o.open), done(o.done) { o.done = true; }
+    recv_req& operator=(recv_req&& o) noexcept {
+      finished(); // one overwritten is no longer waited for
+      inner = std::move(o.inner);
+      open = o.open;
+      done = o.done;
+      o.done = true;
+      return *this;
+    }
+    void finished() {
+      if (!done) --*open;
+      done = true;
+    }
+    void wait() {
+      inner.wait();
+      finished();
+    }
+    bool test() {
+      const bool t = inner.test();
+      if (t) finished();
+      return t;
+    }
+  };
+  int rank() const { return c.rank(); }
+  int size() const { return c.size(); }
+  auto isend(std::span<const std::byte> d, int peer, int tag) { return c.isend(d, peer, tag); }
+  recv_req irecv(std::span<std::byte> d, int peer, int tag) {
+    most = std::max(most, ++open);
+    return recv_req(c.irecv(d, peer, tag), &open);
+  }
+};
+
+TEST_CASE("pairwise exchanges keep their receives posted ahead") {
+  // Recursive doubling and Rabenseifner combine segment by segment; with
+  // one receive posted at a time every segment paid a whole message's
+  // latency (SMPI: a rendezvous handshake each). A rank must hold
+  // min(segments, recv_slots) receives at once, and the results stay exact.
+  static_assert(algo::pairwise::recv_slots == 4);
+  exec::host ex;
+  for (const std::size_t n : {std::size_t{3}, std::size_t{64}, std::size_t{1000}})
+    for (const int p : {2, 4}) {
+      INFO("n=" << n << " ranks=" << p);
+      const std::size_t seg_bytes = 16; // 4 floats a segment
+      inproc::run(p, [&](inproc::communicator& base) {
+        watched c{base};
+        const algo::typed_reduce<float, op::sum, exec::host> sop{ex, op::sum{}, p};
+        std::vector<float> in(n), out(n), want(n);
+        for (std::size_t i = 0; i < n; ++i) {
+          in[i] = float(base.rank() + 1) * float(i % 7);
+          want[i] = float(p * (p + 1) / 2) * float(i % 7);
+        }
+        std::vector<std::byte> ws(algo::pairwise::scratch_bytes(sop, n, seg_bytes, p));
+        algo::recursive_doubling::allreduce(c, sop, in.data(), out.data(), n, seg_bytes, 5, ws.data());
+        REQUIRE(out == want);
+        // the first exchange receives all n elements: ceil(n / 4) segments
+        CHECK(c.most == int(std::min<std::size_t>((n + 3) / 4, 4)));
+        c.most = 0;
+        algo::rabenseifner::allreduce(c, sop, in.data(), out.data(), n, seg_bytes, 6, ws.data());
+        REQUIRE(out == want);
+        // its first halving step receives half the vector (at least a segment)
+        CHECK(c.most == int(std::min<std::size_t>(std::max<std::size_t>(1, (n / 2 + 3) / 4), 4)));
+        CHECK(c.open == 0);
+      });
+    }
+}
+
 } // namespace gradsync::test

@@ -29,18 +29,18 @@ namespace gradsync::algo::tree {
 /// Scratch elements of the typed reduce (an accumulator and a receive segment).
 inline std::size_t reduce_scratch_elems(std::size_t count, std::size_t elem_bytes,
                                         std::size_t seg_bytes, int ranks) {
-  return 2 * pairwise::scratch_elems(count, elem_bytes, seg_bytes, ranks);
+  return 2 * pairwise::segment_elems(count, elem_bytes, seg_bytes, ranks);
 }
 
 /// Scratch elements of the typed allreduce (a receive segment; `out` accumulates).
-inline constexpr auto allreduce_scratch_elems = pairwise::scratch_elems;
+inline constexpr auto allreduce_scratch_elems = pairwise::segment_elems;
 
 /// Scratch bytes of broadcast over `sop`: rotating slots, where received
 /// segments cannot land in place or the root's sends are staged.
 template <segment_op S>
 std::size_t broadcast_scratch_bytes(const S& sop, std::size_t count, std::size_t seg_bytes, int ranks) {
   if (S::in_place_copy && !S::staged_send) return 0;
-  const std::size_t n = pairwise::scratch_elems(count, sizeof(typename S::value_type), seg_bytes, ranks);
+  const std::size_t n = pairwise::segment_elems(count, sizeof(typename S::value_type), seg_bytes, ranks);
   return n == 0 ? 0 : staging_slots * sop.slot_bytes(n);
 }
 
@@ -48,7 +48,7 @@ std::size_t broadcast_scratch_bytes(const S& sop, std::size_t count, std::size_t
 /// then the broadcast's).
 template <segment_op S>
 std::size_t allreduce_scratch_bytes(const S& sop, std::size_t count, std::size_t seg_bytes, int ranks) {
-  const std::size_t n = pairwise::scratch_elems(count, sizeof(typename S::value_type), seg_bytes, ranks);
+  const std::size_t n = pairwise::segment_elems(count, sizeof(typename S::value_type), seg_bytes, ranks);
   const std::size_t up = n == 0 ? 0 : sop.slot_bytes(n) * (S::staged_send ? 2 : 1);
   return std::max(up, broadcast_scratch_bytes(sop, count, seg_bytes, ranks));
 }
@@ -58,7 +58,7 @@ std::size_t allreduce_scratch_bytes(const S& sop, std::size_t count, std::size_t
 template <segment_op S>
 std::size_t reduce_scratch_bytes(const S& sop, std::size_t count, std::size_t seg_bytes, int ranks) {
   using T = typename S::value_type;
-  const std::size_t n = pairwise::scratch_elems(count, sizeof(T), seg_bytes, ranks);
+  const std::size_t n = pairwise::segment_elems(count, sizeof(T), seg_bytes, ranks);
   return n == 0 ? 0 : n * sizeof(T) + sop.slot_bytes(n) * (S::staged_send ? 2 : 1);
 }
 
