@@ -266,4 +266,37 @@ TEST_CASE("pairwise exchanges keep their receives posted ahead") {
     }
 }
 
+
+TEST_CASE("ring: items go in waves of pipeline_depth segments along anti-diagonals") {
+  // Every (segment, step) once; a step after the same segment's step before
+  // it (its forward); the successor's item within `wave` positions of the
+  // one it is forwarded from (so pipeline_depth receives ahead and the
+  // staging slots never wait on each other around the ring); and, over
+  // more than two steps, a wave's later segments start before the one
+  // ahead of them finishes (segment-major order, one segment around the
+  // ring at a time, fails this).
+  constexpr std::size_t wave = policy::pipeline_depth;
+  for (const std::size_t nseg : {std::size_t{0}, std::size_t{1}, std::size_t{2}, std::size_t{5}, std::size_t{13}})
+    for (const std::size_t steps : {std::size_t{1}, std::size_t{2}, std::size_t{3}, std::size_t{7}, std::size_t{15}}) {
+      INFO("segments=" << nseg << " steps=" << steps);
+      const auto order = algo::ring::detail::item_order(nseg, steps);
+      REQUIRE(order.size() == nseg * steps);
+      std::vector<std::size_t> at(nseg * steps, SIZE_MAX);
+      for (std::size_t i = 0; i < order.size(); ++i) {
+        const auto [j, s] = order[i];
+        REQUIRE(j < nseg);
+        REQUIRE(s < steps);
+        REQUIRE(at[j * steps + s] == SIZE_MAX);
+        at[j * steps + s] = i;
+      }
+      for (std::size_t j = 0; j < nseg; ++j)
+        for (std::size_t s = 1; s < steps; ++s) {
+          CHECK(at[j * steps + s] > at[j * steps + s - 1]);
+          CHECK(at[j * steps + s] - at[j * steps + s - 1] <= wave);
+        }
+      for (std::size_t j = 1; j < nseg; ++j)
+        if (j % wave != 0 && steps > 2) CHECK(at[j * steps] < at[(j - 1) * steps + steps - 1]);
+    }
+}
+
 } // namespace gradsync::test
