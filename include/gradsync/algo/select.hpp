@@ -495,7 +495,7 @@ struct cost_model {
     // not overlap (posting, matching) is paid in full. SimGrid SMPI, 8 ranks
     // one per node (10 Gbit/s NICs), chain broadcast of 256 KiB / 1 / 4 /
     // 8 MiB in 256 KiB segments: 2457 / 7139 / 10556 / 14813 us simulated,
-    // this 2553 / 7413 / 10263 / 14063 (the several-group form below: up to
+    // this 2553 / 7411 / 10260 / 14058 (the several-group form below: up to
     // 18134, +22 %); 64 ranks on `fast`, hier reduce (a chain of 8 inside
     // each node, then one of the 8 leaders) of 8 / 16 MiB: 2385 / 3758 us,
     // this 2566 / 3813, the textbook chain 3901 / 7185 (+64 / +91 %).
