@@ -34,8 +34,8 @@ inline constexpr std::size_t send_slots = policy::pipeline_depth;
 /// slot): one at a time, every segment paid a whole message's latency (a
 /// rendezvous handshake for large ones) before its bytes moved. SimGrid
 /// SMPI, 8 ranks one per node (10 Gbit/s), reduce-scatter of 16 MiB by
-/// recursive halving (256 KiB segments): 20.3 ms with one, the bandwidth
-/// 13.3 ms (docs/benchmarks.md).
+/// recursive halving (256 KiB segments): 20.3 ms with one, 14.9 with
+/// four, the model 13.6 (docs/benchmarks.md).
 inline constexpr std::size_t recv_slots = policy::pipeline_depth;
 
 /// Elements of one segment of an exchange of up to `count` elements (0 on
