@@ -79,21 +79,27 @@ template <transport C, segment_op S> struct early_gather {
 // (10 Gbit/s), reduce-scatter of 16 MiB in 256 KiB segments, 19.4 ms
 // against a bandwidth of 13.3 (docs/benchmarks.md). Step-major order would
 // need a whole block of staging per rank.
-inline std::vector<std::pair<std::size_t, std::size_t>> item_order(std::size_t nseg, std::size_t steps) {
+// Calls f(j, s) for each item in that order (no allocation: a phase walks
+// it twice per call).
+template <class F> void for_each_item(std::size_t nseg, std::size_t steps, F&& f) {
   constexpr auto wave = static_cast<std::size_t>(policy::pipeline_depth);
   static_assert(wave <= staging_slots - policy::pipeline_depth);
-  std::vector<std::pair<std::size_t, std::size_t>> order;
-  order.reserve(nseg * steps);
   for (std::size_t first = 0; first < nseg; first += wave) {
     const std::size_t w = std::min(wave, nseg - first);
     for (std::size_t t = 0; t + 1 < w + steps; ++t)
-      for (std::size_t d = t >= steps ? t - steps + 1 : 0; d < w && d <= t; ++d) order.emplace_back(first + d, t - d);
+      for (std::size_t d = t >= steps ? t - steps + 1 : 0; d < w && d <= t; ++d) f(first + d, t - d);
   }
+}
+/// The items of for_each_item as a list.
+inline std::vector<std::pair<std::size_t, std::size_t>> item_order(std::size_t nseg, std::size_t steps) {
+  std::vector<std::pair<std::size_t, std::size_t>> order;
+  order.reserve(nseg * steps);
+  for_each_item(nseg, steps, [&](std::size_t j, std::size_t s) { order.emplace_back(j, s); });
   return order;
 }
 
 // One phase of the ring (p-1 steps) over the primitives, its items in
-// item_order.
+// for_each_item's order.
 //
 // Step s receives block recv_block(s) from prev and sends block
 // recv_block(s-1) (or block send0 at step 0) to next; sends are posted in
@@ -120,29 +126,28 @@ void phase(C& c, const S& sop, const segmentation& g, RecvBlock recv_block, std:
   using rreq = decltype(post_recv<S>(c, std::span<std::byte>{}, 0, 0));
 
   struct item { std::size_t b, j, s, n; };
-  const auto order = item_order(g.nseg, steps);
   std::vector<item> in_items;
   std::vector<std::size_t> index(g.nseg * steps, SIZE_MAX); // (j, s) -> in_items position
-  for (const auto& [j, s] : order) {
+  for_each_item(g.nseg, steps, [&](std::size_t j, std::size_t s) {
     const std::size_t b = recv_block(s);
     if (const auto n = g.size(b, j)) {
       index[j * steps + s] = in_items.size();
       in_items.push_back({b, j, s, n});
     }
-  }
+  });
   // The successor's receive list, in the same order: step 0 sends segment j
   // of block send0, step s > 0 forwards what this rank received at step s-1
   // of segment j (earlier in the order).
   struct out_item { std::size_t from, j, n; };
   std::vector<out_item> out_items;
-  for (const auto& [j, s] : order) {
+  for_each_item(g.nseg, steps, [&](std::size_t j, std::size_t s) {
     if (s == 0) {
-      if (!Reduce && early) continue; // sent by the reduce-scatter
+      if (!Reduce && early) return; // sent by the reduce-scatter
       if (const auto n = g.size(send0, j)) out_items.push_back({SIZE_MAX, j, n});
     } else if (const auto q = index[j * steps + s - 1]; q != SIZE_MAX) {
       out_items.push_back({q, j, in_items[q].n});
     }
-  }
+  });
   const std::size_t stride = slot_stride(sop, g.max_seg);
   std::byte* const slot_mem = scratch;
   std::byte* const send_mem = scratch + (staged ? slots * stride : 0);
