@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace gradsync::test {
@@ -232,6 +233,16 @@ struct watched {
   }
 };
 
+// Rank r's input (r + 1) (i % 7) and the sum over p ranks, exact in float.
+static std::pair<std::vector<float>, std::vector<float>> watched_inputs(std::size_t n, int p, int r) {
+  std::vector<float> in(n), want(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    in[i] = float(r + 1) * float(i % 7);
+    want[i] = float(p * (p + 1) / 2) * float(i % 7);
+  }
+  return {in, want};
+}
+
 TEST_CASE("pairwise exchanges keep their receives posted ahead") {
   // Recursive doubling and Rabenseifner combine segment by segment; with
   // one receive posted at a time every segment paid a whole message's
@@ -246,11 +257,8 @@ TEST_CASE("pairwise exchanges keep their receives posted ahead") {
       inproc::run(p, [&](inproc::communicator& base) {
         watched c{base};
         const algo::typed_reduce<float, op::sum, exec::host> sop{ex, op::sum{}, p};
-        std::vector<float> in(n), out(n), want(n);
-        for (std::size_t i = 0; i < n; ++i) {
-          in[i] = float(base.rank() + 1) * float(i % 7);
-          want[i] = float(p * (p + 1) / 2) * float(i % 7);
-        }
+        const auto [in, want] = watched_inputs(n, p, base.rank());
+        std::vector<float> out(n);
         std::vector<std::byte> ws(algo::pairwise::scratch_bytes(sop, n, seg_bytes, p));
         algo::recursive_doubling::allreduce(c, sop, in.data(), out.data(), n, seg_bytes, 5, ws.data());
         REQUIRE(out == want);
@@ -266,6 +274,37 @@ TEST_CASE("pairwise exchanges keep their receives posted ahead") {
     }
 }
 
+
+TEST_CASE("dbtree keeps its children's receives posted ahead") {
+  // A node waited for each child's segment before posting the next receive,
+  // so (under a rendezvous) its incoming transfers followed one another. A
+  // rank with two children must hold both children's receives up_ahead
+  // segments ahead (plus at most a receive from each tree's parent), and
+  // every receive completes; results exact.
+  static_assert(algo::dbtree::up_ahead == 2);
+  exec::host ex;
+  for (const std::size_t n : {std::size_t{2}, std::size_t{40}, std::size_t{1001}})
+    for (const int p : {2, 3, 4, 7, 8}) {
+      INFO("n=" << n << " ranks=" << p);
+      const std::size_t seg_bytes = 16; // 4 floats a segment
+      const std::size_t nseg = (n / 2 + 3) / 4;
+      inproc::run(p, [&](inproc::communicator& base) {
+        watched c{base};
+        const algo::typed_reduce<float, op::sum, exec::host> sop{ex, op::sum{}, p};
+        const auto [in, want] = watched_inputs(n, p, base.rank());
+        std::vector<float> out(n);
+        std::vector<std::byte> ws(algo::dbtree::allreduce_scratch_bytes(sop, n, seg_bytes, p));
+        algo::dbtree::allreduce(c, sop, in.data(), out.data(), n, seg_bytes, 5, ws.data());
+        REQUIRE(out == want);
+        const int r = base.rank();
+        // children in tree A (heap order) or in its mirror B
+        const bool two_children = 2 * r + 2 < p || 2 * (p - 1 - r) + 2 < p;
+        if (two_children && nseg >= algo::dbtree::up_ahead) CHECK(c.most >= 2 * int(algo::dbtree::up_ahead));
+        CHECK(c.most <= 2 * int(algo::dbtree::up_ahead) + 2);
+        CHECK(c.open == 0);
+      });
+    }
+}
 
 TEST_CASE("ring: items go in waves of pipeline_depth segments along anti-diagonals") {
   // Every (segment, step) once; a step after the same segment's step before

@@ -68,11 +68,13 @@ struct ref_model {
     case algorithm::rabenseifner:
       return (2 * k2 + 2 * f) * A + (2 * (q2 - 1.0) / q2 + 2 * f) * n * B + ((q2 - 1.0) / q2 + f) * n * G;
     case algorithm::dbtree: {
-      // k + 2h stages of 4 segments (two trees, up and down), one alpha each
+      // the first segment up and down h levels (one send up, two down per
+      // level), then k - 1 stages of 4 segments (two trees, up and down),
+      // one alpha per send round
       const double h = std::floor(std::log2(p));
       const double k = std::max(1.0, std::ceil(n / 2 / seg));
       const double s = n / 2 / k;
-      return (k + 2 * h) * (A + 4 * s * B + 2 * s * G);
+      return h * (2 * A + 3 * s * B + 2 * s * G) + (k - 1) * (A + 4 * s * B + 2 * s * G);
     }
     default: return inf;
     }
@@ -149,11 +151,21 @@ struct ref_model {
     case algorithm::dbtree: {
       const double h = std::floor(std::log2(p));
       const double k = std::max(1.0, std::ceil(n / 2 / seg)), s = n / 2 / k;
-      // 2h filling stages over one (uncontended) edge; k full stages with
-      // every rank of a group crossing at once
-      const ref_link one = m > 1 ? glob : loc;
+      // level d of the first segment's path (heap node 2^(d-1) - 1 to
+      // 2^d - 1): inside a group on the local link, else on the global one
+      // with its 2^d children sending up at once and their 2^(d-1) parents
+      // two each down, sharing their groups' links; then k - 1 full stages
+      // with every rank of a group crossing at once
       const ref_link full = m > 1 ? ref_link{glob.A, glob.B * share(gs, gs), glob.G} : loc;
-      return 2 * h * (one.A + 4 * s * one.B + 2 * s * G) + k * (full.A + 4 * s * full.B + 2 * s * G);
+      double fill = 0;
+      for (int d = 1; d <= int(h); ++d) {
+        const int w = 1 << d;
+        const bool out = m > 1 && ((1 << (d - 1)) - 1) / gs != (w - 1) / gs;
+        const ref_link e = out ? glob : loc;
+        const double up = out ? share(w, gs) : 1, down = out ? share(w / 2, gs) : 1;
+        fill += 2 * e.A + s * e.B * (up + 2 * down) + 2 * s * G;
+      }
+      return fill + (k - 1) * (full.A + 4 * s * full.B + 2 * s * G);
     }
     default: return inf;
     }
@@ -1058,27 +1070,32 @@ TEST_CASE("select: two-level rd and rabenseifner allreduce: the shared NIC slows
   CHECK(m.allreduce(algorithm::rd, n, topology{64, 64, 1}, seg) == doctest::Approx(1264.2912e-6).epsilon(1e-12));
 }
 
-TEST_CASE("select: dbtree by hand: one alpha per stage; the full pipeline shares the NIC") {
-  const std::size_t n = 1 << 20, seg = 1 << 18; // k = ceil(n / 2 / seg) = 2 stages of s = 256 Ki
-  // One group of 8 (h = 3), link {1 us, 1e-9, 5e-10}:
-  // (k + 2h)(alpha + 4 s beta + 2 s gamma) = 8 (1e-6 + 1048.576e-6 +
-  // 262.144e-6) = 10493.76 us.
+TEST_CASE("select: dbtree by hand: the first segment level by level, then full stages sharing the NIC") {
+  const std::size_t n = 1 << 20, seg = 1 << 18; // k = ceil(n / 2 / seg) = 2 segments of s = 256 Ki
+  // One group of 8 (h = 3), link {1 us, 1e-9, 5e-10}: three levels of
+  // 2 alpha + 3 s beta + 2 s gamma = 2 + 786.432 + 262.144 = 1050.576 us,
+  // then one stage of alpha + 4 s beta + 2 s gamma = 1311.72 us: 4463.448 us.
   CHECK(cost_model::flat(algorithm::dbtree, static_cast<double>(n), 8, {1e-6, 1e-9, 5e-10}, static_cast<double>(seg)) ==
-        doctest::Approx(10493.76e-6).epsilon(1e-12));
+        doctest::Approx(4463.448e-6).epsilon(1e-12));
   // 16 ranks in 4 groups of 4 (h = 4), local {1 us, 1e-10, 1e-10}, global
-  // {10 us, 1e-9, 3e-10}: 2h filling stages on the global link alone,
-  // 8 (10e-6 + 4 s 1e-9 + 2 s 1e-10) = 8 x 1111.0048e-6 = 8888.0384 us,
-  // then k stages with 4 ranks a group crossing:
-  //  nic_share 4: 2 (10e-6 + 4 s 4e-9 + 2 s 1e-10) = 8513.4656 us: 17401.504 us;
-  //  nic_share 1: 2 x 1111.0048e-6 = 2222.0096 us: 11110.048 us.
+  // {10 us, 1e-9, 3e-10}, gamma the local one. The path 0-1-3-7-15 leaves
+  // group 0 at levels 3 and 4. Levels 1, 2 on the local link: 2 + 3 s 1e-10
+  // + 2 s 1e-10 = 133.072 us each. Levels 3, 4 on the global link,
+  // 2 alpha + s beta (up + 2 down) + 2 s gamma, up/down the senders sharing
+  // a link (at most nic_share): 2^d children, 2^(d-1) parents.
+  //  nic_share 4: (up, down) = (4, 4) at both: 20 + 12 s 1e-9 + 52.4288 =
+  //  3218.1568 us each: fill 6702.4576 us; the stage with 4 ranks a group
+  //  crossing: 10 + 4 s 4e-9 + 2 s 1e-10 = 4256.7328 us: 10959.1904 us.
+  //  nic_share 1: 20 + 3 s 1e-9 + 52.4288 = 858.8608 us each: fill
+  //  1983.8656 us; the stage 1111.0048 us: 3094.8704 us.
   cost_model m;
   m.local = {1e-6, 1e-10, 1e-10};
   m.global = {10e-6, 1e-9, 3e-10};
   const topology t{16, 4, 4};
   m.nic_share = 4;
-  CHECK(m.allreduce(algorithm::dbtree, n, t, seg) == doctest::Approx(17401.504e-6).epsilon(1e-12));
+  CHECK(m.allreduce(algorithm::dbtree, n, t, seg) == doctest::Approx(10959.1904e-6).epsilon(1e-12));
   m.nic_share = 1;
-  CHECK(m.allreduce(algorithm::dbtree, n, t, seg) == doctest::Approx(11110.048e-6).epsilon(1e-12));
+  CHECK(m.allreduce(algorithm::dbtree, n, t, seg) == doctest::Approx(3094.8704e-6).epsilon(1e-12));
 }
 
 TEST_CASE("select: the chain broadcast and reduce on several groups by hand") {

@@ -12,6 +12,14 @@
 // pipeline never stalls on a chain of same-step waits and cannot deadlock.
 // Time ~ (nseg + 2H) steps; bandwidth ~ 2n bytes per rank.
 //
+// Receives are posted before they are waited for: the children's upward
+// segments up_ahead segments ahead (a rank has children in one tree only),
+// and a step's downward receives before its upward work, so a rank's
+// incoming transfers of a step overlap instead of following one another
+// (where a transport moves large messages only once the receive is posted,
+// as MPI's rendezvous does, each waited-for receive otherwise cost a
+// segment's time and a handshake in turn).
+//
 // Written over a segment operation (segment_op.hpp): partials are combined
 // into typed accumulators; the broadcast forwards the bytes it received.
 //
@@ -33,23 +41,29 @@
 
 namespace gradsync::algo::dbtree {
 
-/// Scratch elements of the typed allreduce: one receive segment per child.
+/// Upward segments each child's receives are posted ahead: two keep the next
+/// step's transfer moving while this step's is reduced.
+inline constexpr std::size_t up_ahead = 2;
+/// Receive slots: up_ahead per child.
+inline constexpr std::size_t recv_slots = 2 * up_ahead;
+
+/// Scratch elements of the typed allreduce: the children's receive slots.
 inline std::size_t allreduce_scratch_elems(std::size_t count, std::size_t elem_bytes,
                                            std::size_t seg_bytes, int ranks) {
   if (ranks <= 1) return 0;
-  return 2 * segmentation::make(partition{count, 2}, elem_bytes, seg_bytes).max_seg;
+  return recv_slots * segmentation::make(partition{count, 2}, elem_bytes, seg_bytes).max_seg;
 }
 
-/// Scratch bytes of allreduce over `sop`: a receive slot per child, and per
-/// tree rotating slots for staged upward sends and for downward segments
-/// that cannot be received in place (or the root's staged ones).
+/// Scratch bytes of allreduce over `sop`: the children's receive slots, and
+/// per tree rotating slots for staged upward sends and for downward
+/// segments that cannot be received in place (or the root's staged ones).
 template <segment_op S>
 std::size_t allreduce_scratch_bytes(const S& sop, std::size_t count, std::size_t seg_bytes, int ranks) {
   if (ranks <= 1) return 0;
   const std::size_t stride =
       sop.slot_bytes(segmentation::make(partition{count, 2}, sizeof(typename S::value_type), seg_bytes).max_seg);
   const std::size_t pools = (S::staged_send ? 1 : 0) + (S::staged_send || !S::in_place_copy ? 1 : 0);
-  return stride * (2 + 2 * pools * staging_slots);
+  return stride * (recv_slots + 2 * pools * staging_slots);
 }
 
 /// One rank's place in a heap-ordered binary tree of `p` nodes.
@@ -81,8 +95,9 @@ void allreduce(C& c, const S& sop, const typename S::value_type* in, typename S:
   const std::array<heap_node, 2> me{heap_node(p, r), heap_node(p, p - 1 - r)};
   auto rank_of = [&](int t, int node) { return t == 0 ? node : p - 1 - node; };
   using req = request_t<C>;
+  using rreq = decltype(post_recv<S>(c, std::span<std::byte>{}, 0, 0));
   const std::size_t stride = sop.slot_bytes(g.max_seg);
-  std::byte* pools = scratch + 2 * stride;
+  std::byte* pools = scratch + recv_slots * stride;
   auto pool_at = [&]() {
     std::byte* m = pools;
     pools += staging_slots * stride;
@@ -96,10 +111,44 @@ void allreduce(C& c, const S& sop, const typename S::value_type* in, typename S:
     if (S::staged_send) up_stage[static_cast<std::size_t>(t)] = pool_at();
     if (down_slotted_any) down_slot[static_cast<std::size_t>(t)] = pool_at();
   }
+  // The tree in which this rank has children (interior nodes of A are below
+  // (p-1)/2, of B above): its upward receives, up_ahead per child.
+  const int it = me[0].child[0] >= 0 ? 0 : me[1].child[0] >= 0 ? 1 : -1;
+  std::array<std::array<std::optional<rreq>, up_ahead>, 2> upr;
+  auto up_slot = [&](std::size_t k, std::size_t j, std::size_t n) {
+    return std::span<std::byte>(scratch + (k * up_ahead + j % up_ahead) * stride, sop.slot_bytes(n));
+  };
+  auto post_up = [&](long long j) {
+    if (it < 0 || j >= nseg) return;
+    const auto js = static_cast<std::size_t>(j);
+    const std::size_t n = g.size(static_cast<std::size_t>(it), js);
+    const auto& m = me[static_cast<std::size_t>(it)];
+    for (std::size_t k = 0; k < 2; ++k)
+      if (m.child[k] >= 0 && n)
+        upr[k][js % up_ahead].emplace(post_recv<S>(c, up_slot(k, js, n), rank_of(it, m.child[k]), tag + it));
+  };
+  for (long long j = 0; j < static_cast<long long>(up_ahead); ++j) post_up(j);
   std::array<std::vector<std::optional<req>>, 2> up; // per tree, per segment
   for (auto& u : up) u.resize(g.nseg);
   std::vector<req> down;
-  for (long long s = 0; s < nseg + 2LL * H + 1; ++s)
+  std::array<std::optional<rreq>, 2> downr; // per tree: this step's receive from the parent
+  std::array<std::span<std::byte>, 2> down_dst;
+  std::array<std::byte*, 2> down_sl{};
+  for (long long s = 0; s < nseg + 2LL * H + 1; ++s) {
+    for (int t = 0; t < 2; ++t) { // post the step's downward receives first
+      const auto& m = me[static_cast<std::size_t>(t)];
+      const auto b = static_cast<std::size_t>(t);
+      const long long j = s - H - m.depth;
+      if (m.parent < 0 || j < 0 || j >= nseg) continue;
+      const auto js = static_cast<std::size_t>(j);
+      const std::size_t off = g.offset(b, js), n = g.size(b, js);
+      if (!n) continue;
+      if (auto& u = up[b][js]) { u->wait(); u.reset(); } // out[off..] may be in flight
+      down_sl[b] = !S::in_place_copy ? down_slot[b].acquire(js) : nullptr;
+      down_dst[b] = !S::in_place_copy ? std::span<std::byte>(down_sl[b], sop.slot_bytes(n))
+                                      : sop.recv_target(out + off, n, nullptr);
+      downr[b].emplace(post_recv<S>(c, down_dst[b], rank_of(t, m.parent), tag + t));
+    }
     for (int t = 0; t < 2; ++t) {
       const auto& m = me[static_cast<std::size_t>(t)];
       const auto b = static_cast<std::size_t>(t);
@@ -111,11 +160,13 @@ void allreduce(C& c, const S& sop, const typename S::value_type* in, typename S:
           const T* cur = in + off;
           for (std::size_t k = 0; k < 2; ++k)
             if (m.child[k] >= 0) {
-              const auto got = recv_segment<S>(c, {scratch + k * stride, sop.slot_bytes(n)},
-                                               rank_of(t, m.child[k]), ttag);
-              sop.combine(got, cur, out + off, n, false);
+              auto& r = upr[k][js % up_ahead];
+              r->wait();
+              sop.combine(arrived<S>(*r, up_slot(k, js, n)), cur, out + off, n, false);
+              r.reset();
               cur = out + off;
             }
+          if (t == it) post_up(j + static_cast<long long>(up_ahead));
           if (m.parent >= 0) {
             if (cur != in + off) sop.fence();
             std::byte* st = S::staged_send ? up_stage[b].acquire(js) : nullptr;
@@ -132,16 +183,16 @@ void allreduce(C& c, const S& sop, const typename S::value_type* in, typename S:
         const std::size_t off = g.offset(b, js), n = g.size(b, js);
         if (n) {
           const bool slotted = m.parent < 0 ? S::staged_send : !S::in_place_copy;
-          std::byte* const sl = slotted ? down_slot[b].acquire(js) : nullptr;
+          std::byte* sl = slotted ? down_sl[b] : nullptr;
           std::span<const std::byte> w;
           if (m.parent >= 0) {
-            if (auto& u = up[b][js]) { u->wait(); u.reset(); } // out[off..] may be in flight
-            const std::span<std::byte> dst = slotted ? std::span<std::byte>(sl, sop.slot_bytes(n))
-                                                     : sop.recv_target(out + off, n, nullptr);
-            const auto got = recv_segment<S>(c, dst, rank_of(t, m.parent), ttag);
+            downr[b]->wait();
+            const auto got = arrived<S>(*downr[b], down_dst[b]);
+            downr[b].reset();
             sop.copy(got, out + off, n); // recv-copy-send: forward what arrived
             w = got;
           } else {
+            sl = slotted ? down_slot[b].acquire(js) : nullptr;
             sop.fence(); // the root's finished segment
             w = sop.wire(out + off, n, sl);
             if constexpr (S::staged_send) sop.fence();
@@ -154,6 +205,7 @@ void allreduce(C& c, const S& sop, const typename S::value_type* in, typename S:
         }
       }
     }
+  }
   for (auto* v : {&up_stage, &down_slot})
     for (auto& pl : *v) pl.drain();
   wait_all(down);

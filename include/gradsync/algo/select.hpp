@@ -251,19 +251,33 @@ struct cost_model {
     case algorithm::dbtree: {
       const double h = std::bit_width(up) - 1; // floor(log2 p): height of the heap tree
       const double k = std::max(1.0, std::ceil(n / 2 / seg)), sz = n / 2 / k;
-      // k + 2h pipeline stages; in each a rank moves 4 segments (two trees,
-      // up and down), whose latencies overlap: one alpha per stage (SMPI, 64
-      // ranks: 4 alphas per stage predicted 4.2x the simulated 8 B time).
-      // Heap edges i -> 2i+1, 2i+2 leave the group below its top levels:
-      // every rank of a group crossing at once.
-      // While the pipeline fills (2h stages) a segment crosses one edge at a
-      // time; once full (k stages) every group's ranks cross at once and
-      // share its link (SMPI, 64 ranks, nodes of 8 sharing a NIC: the
-      // contended link for all k + 2h stages predicted 5.4x the simulated
-      // time at 512 KiB, k = 1).
-      const link_cost l = flat_link(t), one = t.groups > 1 ? global : local;
-      return 2 * h * (one.alpha_at(sz) + 4 * sz * one.beta + 2 * sz * g) +
-             k * (l.alpha_at(sz) + 4 * sz * l.beta + 2 * sz * g);
+      // The first segment's path, level by level along the leftmost (longest)
+      // path of the heap, node 2^(d-1) - 1 to 2^d - 1 (nodes of one depth
+      // are consecutive ranks): a level whose edge stays in a group costs
+      // the local link, one that leaves it the global link, its 2^d senders
+      // up and 2^(d-1) down (two children each) sharing their groups'
+      // links. The later k - 1 segments follow one full stage apart: a rank
+      // moves 4 segments per stage (two trees, up and down), latencies
+      // overlapping (one alpha), every rank of a group crossing at once.
+      // SimGrid SMPI, 64 ranks in nodes of 8, receives posted ahead
+      // (dbtree.hpp), 512 KiB (k = 1): 2h stages of 4 segments on the
+      // global link predicted 3.9x the simulated time with a NIC per rank
+      // (3570 us); every level on the global link, 1.6x, and 1.4x with 8
+      // ranks a NIC (18426 us); at 8 B 1.9x (139 us: the path leaves its
+      // node on 3 of its 6 levels).
+      const link_cost l = flat_link(t);
+      const int gs = std::max(1, t.group_size);
+      double fill = 0;
+      for (int d = 1; d <= static_cast<int>(h); ++d) {
+        const long long parent = (1LL << (d - 1)) - 1, child = (1LL << d) - 1;
+        const bool leaves = t.groups > 1 && parent / gs != child / gs;
+        const link_cost& e = leaves ? global : local;
+        const double w = std::ldexp(1.0, d);
+        const double up = leaves ? contention(t, static_cast<int>(std::min(w, 1e9))) : 1.0;
+        const double down = leaves ? contention(t, static_cast<int>(std::min(w / 2, 1e9))) : 1.0;
+        fill += 2 * e.alpha_at(sz) + sz * e.beta * (up + 2 * down) + 2 * sz * g;
+      }
+      return fill + (k - 1) * (l.alpha_at(sz) + 4 * sz * l.beta + 2 * sz * g);
     }
     default: return std::numeric_limits<double>::quiet_NaN();
     }
