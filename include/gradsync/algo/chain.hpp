@@ -68,7 +68,7 @@ void broadcast(C& c, const S& sop, typename S::value_type* data, std::size_t cou
   } else {
     // Receives run policy::pipeline_depth ahead, each into its own target.
     const std::size_t depth = policy::pipeline_depth;
-    using rreq = decltype(post_recv<S>(c, std::span<std::byte>{}, 0, 0));
+    using rreq = recv_request_t<S, C>;
     std::vector<std::optional<rreq>> rq(depth);
     std::vector<std::span<std::byte>> target(depth);
     auto post = [&](std::size_t j) {
@@ -137,7 +137,7 @@ void reduce(C& c, const S& sop, const typename S::value_type* in, typename S::va
     return;
   }
   const std::size_t depth = policy::pipeline_depth;
-  using rreq = decltype(post_recv<S>(c, std::span<std::byte>{}, 0, 0));
+  using rreq = recv_request_t<S, C>;
   std::vector<std::optional<rreq>> rq(nslots);
   auto span_of = [&](std::size_t j) { return std::span<std::byte>(scratch + (j % nslots) * stride, sop.slot_bytes(g.size(0, j))); };
   auto post = [&](std::size_t j) { rq[j % nslots].emplace(post_recv<S>(c, {pool.acquire(j), sop.slot_bytes(g.size(0, j))}, from, tag)); };

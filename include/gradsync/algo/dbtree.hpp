@@ -95,7 +95,7 @@ void allreduce(C& c, const S& sop, const typename S::value_type* in, typename S:
   const std::array<heap_node, 2> me{heap_node(p, r), heap_node(p, p - 1 - r)};
   auto rank_of = [&](int t, int node) { return t == 0 ? node : p - 1 - node; };
   using req = request_t<C>;
-  using rreq = decltype(post_recv<S>(c, std::span<std::byte>{}, 0, 0));
+  using rreq = recv_request_t<S, C>;
   const std::size_t stride = sop.slot_bytes(g.max_seg);
   std::byte* pools = scratch + recv_slots * stride;
   auto pool_at = [&]() {

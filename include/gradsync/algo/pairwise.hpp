@@ -169,7 +169,7 @@ void shift_combine(C& c, const S& sop, int to, int from, bool got_first, const t
                    std::size_t keep_n, std::size_t seg, int tag, std::byte* scratch) {
   const std::size_t stride = sop.slot_bytes(std::min(seg, std::max(send_n, keep_n)));
   const std::size_t nseg = (keep_n + seg - 1) / seg;
-  using rreq = decltype(post_recv<S>(c, std::span<std::byte>{}, 0, 0));
+  using rreq = recv_request_t<S, C>;
   std::array<std::optional<rreq>, recv_slots> rq;
   auto target = [&](std::size_t j) {
     return std::span<std::byte>(scratch + (j % recv_slots) * stride, sop.slot_bytes(std::min(seg, keep_n - j * seg)));

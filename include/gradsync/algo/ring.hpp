@@ -60,7 +60,7 @@ namespace detail {
 // predecessor, in segment order, into their own staging), and the
 // reduce-scatter's recv-reduce-copy-sends that feed the successor's.
 template <transport C, segment_op S> struct early_gather {
-  using rreq = decltype(post_recv<S>(std::declval<C&>(), std::span<std::byte>{}, 0, 0));
+  using rreq = recv_request_t<S, C>;
   int tag = 0;
   std::vector<std::optional<rreq>> recvs;
   std::vector<std::span<std::byte>> at;
@@ -123,7 +123,7 @@ void phase(C& c, const S& sop, const segmentation& g, RecvBlock recv_block, std:
   const auto steps = static_cast<std::size_t>(p - 1);
   constexpr bool staged = Reduce || !S::in_place_copy;
   using req = request_t<C>;
-  using rreq = decltype(post_recv<S>(c, std::span<std::byte>{}, 0, 0));
+  using rreq = recv_request_t<S, C>;
 
   struct item { std::size_t b, j, s, n; };
   std::vector<item> in_items;

@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <deque>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "../core/dtype.hpp"
@@ -134,6 +135,9 @@ template <segment_op S, transport C> auto post_recv(C& c, std::span<std::byte> d
   if constexpr (S::exact) return c.irecv(d, peer, tag);
   else return c.irecv_upto(d, peer, tag);
 }
+/// Request type of post_recv<S> on transport C.
+template <segment_op S, transport C>
+using recv_request_t = decltype(post_recv<S>(std::declval<C&>(), std::span<std::byte>{}, 0, 0));
 /// The bytes that arrived in `d` for the completed receive `r`.
 template <segment_op S, class R> std::span<std::byte> arrived(const R& r, std::span<std::byte> d) {
   if constexpr (S::exact) return d;

@@ -272,9 +272,8 @@ struct cost_model {
         const long long parent = (1LL << (d - 1)) - 1, child = (1LL << d) - 1;
         const bool leaves = t.groups > 1 && parent / gs != child / gs;
         const link_cost& e = leaves ? global : local;
-        const double w = std::ldexp(1.0, d);
-        const double up = leaves ? contention(t, static_cast<int>(std::min(w, 1e9))) : 1.0;
-        const double down = leaves ? contention(t, static_cast<int>(std::min(w / 2, 1e9))) : 1.0;
+        const int w = static_cast<int>(child + 1); // 2^d <= p: the level's nodes
+        const double up = leaves ? contention(t, w) : 1.0, down = leaves ? contention(t, w / 2) : 1.0;
         fill += 2 * e.alpha_at(sz) + sz * e.beta * (up + 2 * down) + 2 * sz * g;
       }
       return fill + (k - 1) * (l.alpha_at(sz) + 4 * sz * l.beta + 2 * sz * g);

@@ -141,7 +141,7 @@ void broadcast(C& c, const S& sop, typename S::value_type* data, std::size_t cou
   // Sends out of a slot (a staged root, or a receive that cannot land in place).
   const bool slotted = parent < 0 ? S::staged_send : !S::in_place_copy;
   slot_pool<C> pool(scratch, slotted ? sop.slot_bytes(std::min(seg, count)) : 0, staging_slots);
-  using rreq = decltype(post_recv<S>(c, std::span<std::byte>{}, 0, 0));
+  using rreq = recv_request_t<S, C>;
   std::vector<std::optional<rreq>> rq(staging_slots);
   std::vector<std::span<std::byte>> target(staging_slots);
   auto post = [&](std::size_t j) { // a slot's sends complete before it is posted again
