@@ -10,6 +10,7 @@
 #include <gradsync/algo/rabenseifner.hpp>
 #include <gradsync/algo/recursive_doubling.hpp>
 #include <gradsync/algo/ring.hpp>
+#include <gradsync/algo/scatter_allgather.hpp>
 #include <gradsync/algo/tree.hpp>
 #include <gradsync/exec/host.hpp>
 #include <gradsync/transport/inproc.hpp>
@@ -302,6 +303,65 @@ TEST_CASE("dbtree keeps its children's receives posted ahead") {
         if (two_children && nseg >= algo::dbtree::up_ahead) CHECK(c.most >= 2 * int(algo::dbtree::up_ahead));
         CHECK(c.most <= 2 * int(algo::dbtree::up_ahead) + 2);
         CHECK(c.open == 0);
+      });
+    }
+}
+
+// inproc with a synchronous send (as MPI_Issend: a synchronous_sender),
+// recording the bytes each rank sent synchronously and in all.
+struct turn_taking {
+  static constexpr std::string_view name = "turn_taking";
+  inproc::communicator& c;
+  std::size_t synced = 0, sent = 0;
+  int rank() const { return c.rank(); }
+  int size() const { return c.size(); }
+  auto isend(std::span<const std::byte> d, int peer, int tag) {
+    sent += d.size();
+    return c.isend(d, peer, tag);
+  }
+  auto issend(std::span<const std::byte> d, int peer, int tag) {
+    synced += d.size();
+    return isend(d, peer, tag);
+  }
+  auto irecv(std::span<std::byte> d, int peer, int tag) { return c.irecv(d, peer, tag); }
+};
+static_assert(synchronous_sender<turn_taking> && !synchronous_sender<inproc::communicator>);
+
+TEST_CASE("trees send to their children in turn, synchronously from send_in_turn_min_bytes") {
+  // A rank with several children waits for each (but the last) to receive:
+  // buffered sends to them went out together and the largest subtree's
+  // child, which has the most to forward, got its bytes last. 8 ranks,
+  // root 3: relative rank 0 has 3 children, 4 has 2, 2 and 6 one, odd none
+  // (a binomial tree). Below the size limit no send waits.
+  constexpr int p = 8, root = 3;
+  exec::host ex;
+  constexpr std::size_t big = policy::send_in_turn_min_bytes / sizeof(float); // a message of the limit
+  for (const std::size_t n : {std::size_t{5}, big - 1, big, 8 * big})
+    for (const bool sa : {false, true}) {
+      INFO("n=" << n << " scatter_allgather=" << sa);
+      inproc::run(p, [&](inproc::communicator& base) {
+        turn_taking c{base};
+        const int v = (base.rank() - root + p) % p;
+        std::vector<float> data(n, -1.0f);
+        if (v == 0)
+          for (std::size_t i = 0; i < n; ++i) data[i] = float(i % 1000) + 0.5f;
+        const algo::typed_reduce<float, op::sum, exec::host> sop{ex, op::sum{}, p};
+        std::size_t want = 0; // synchronous bytes: every child's but the last
+        if (!sa) {
+          std::vector<std::byte> ws(algo::tree::broadcast_scratch_bytes(sop, n, 1 << 20, p));
+          algo::tree::broadcast(c, sop, data.data(), n, root, 1 << 20, 9, ws.data());
+          const int children = v == 0 ? 3 : v == 4 ? 2 : v % 4 == 2 ? 1 : 0;
+          if (n >= big && children > 1) want = std::size_t(children - 1) * n * sizeof(float);
+        } else {
+          algo::scatter_allgather::broadcast(c, sop, data.data(), n, root, 1 << 20, 9);
+          // the scatter: relative 0 sends blocks [4, 8) then [2, 4) (then [1, 2), last),
+          // 4 sends [6, 8) (then [5, 6)); blocks of n / 8 elements
+          const std::size_t blk = n / 8 * sizeof(float);
+          if (n / 8 >= big) want = v == 0 ? 6 * blk : v == 4 ? 2 * blk : 0;
+        }
+        for (std::size_t i = 0; i < n; ++i) REQUIRE(data[i] == float(i % 1000) + 0.5f);
+        CHECK(c.synced == want);
+        CHECK(c.sent >= want);
       });
     }
 }

@@ -65,11 +65,10 @@ void broadcast(C& c, const S& sop, typename S::value_type* data, std::size_t cou
   // sequential time at 16 MiB on 64 simulated ranks).
   for (int m = sub / 2; m >= 1; m /= 2)
     if (v + m < p) {
-      request_set<C, 2> q;
+      const bool more = m > 1 && v + 1 < p; // the child at m = 1 comes last
       ranges(v + m, std::min(v + 2 * m, p), [&](std::size_t b, std::size_t k) {
-        q.add(send(c, static_cast<const T*>(data + b), k, (v + m + root) % p, tag));
+        send_in_turn(c, std::as_bytes(std::span<const T>(data + b, k)), (v + m + root) % p, tag, more);
       });
-      q.wait();
     }
   ring::allgather(c, sop, data, blocks, seg_bytes, tag, nullptr);
 }

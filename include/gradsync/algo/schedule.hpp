@@ -15,6 +15,7 @@
 #include "../core/error.hpp"
 #include "../core/partition.hpp"
 #include "../core/policy.hpp"
+#include "../transport/capabilities.hpp"
 #include "../transport/transport.hpp"
 
 namespace gradsync::algo {
@@ -59,6 +60,23 @@ template <transport C, class T> request_t<C> send(C& c, const T* p, std::size_t 
 }
 template <transport C, class T> auto recv(C& c, T* p, std::size_t n, int peer, int tag) {
   return c.irecv(std::as_writable_bytes(std::span<T>(p, n)), peer, tag);
+}
+
+/// Sends `w` to `peer` and waits until the receiver has it, where the
+/// transport can tell (synchronous_sender), else until the send completes.
+/// For a rank that sends to several peers one after another (the trees'
+/// children, largest subtree first): a buffered send of a few KiB completes
+/// at once, so the sends all crossed the rank's link together and the first
+/// child, which has the most to forward, got its bytes last. `more`: another
+/// send follows (the last one needs no wait for its receiver).
+template <transport C> void send_in_turn(C& c, std::span<const std::byte> w, int peer, int tag, bool more) {
+  if constexpr (synchronous_sender<C>) {
+    if (more && w.size() >= policy::send_in_turn_min_bytes) {
+      c.issend(w, peer, tag).wait();
+      return;
+    }
+  }
+  c.isend(w, peer, tag).wait();
 }
 
 /// Waits for every request in `v` (all of them, even if one throws) and clears it.

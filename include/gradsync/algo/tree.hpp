@@ -165,7 +165,7 @@ void broadcast(C& c, const S& sop, typename S::value_type* data, std::size_t cou
       sop.copy(got, data + j * seg, n); // recv-copy-send: forward what arrived
       w = got;
     }
-    for (int ch : children) c.isend(w, ch, tag).wait();
+    for (std::size_t i = 0; i < children.size(); ++i) send_in_turn(c, w, children[i], tag, i + 1 < children.size());
     if (parent >= 0 && j + ahead < nseg) post(j + ahead);
   }
 }

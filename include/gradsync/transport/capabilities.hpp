@@ -40,6 +40,17 @@ concept upto_receiver = transport<C> && requires(C& c, std::span<std::byte> d, i
   { c.irecv_upto(d, peer, tag) } -> sized_completion;
 };
 
+/// A transport that can send synchronously: `issend(data, peer, tag)`
+/// matches like isend, but completes only once the receiver has taken the
+/// message (MPI_Issend), where an isend of a few KiB may complete as soon as
+/// the transport buffered it (MPI's eager protocol). A rank that sends to
+/// several peers in turn (algo/schedule.hpp send_in_turn) needs it: buffered
+/// sends made one after another all cross its link at once.
+template <class C>
+concept synchronous_sender = transport<C> && requires(C& c, std::span<const std::byte> s, int peer, int tag) {
+  { c.issend(s, peer, tag) } -> completion;
+};
+
 /// A transport that knows which node (host) each rank runs on: node_of(r);
 /// hierarchical schedules group ranks by it.
 template <class C>

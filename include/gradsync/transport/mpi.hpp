@@ -648,6 +648,11 @@ public:
   request isend(std::span<const std::byte> data, int peer, int tag) {
     return post(true, const_cast<std::byte*>(data.data()), data.size(), peer, tag);
   }
+  /// Posts a synchronous send (MPI_Issend): it completes once `peer` has
+  /// matched it, so sends made one after another do not cross together.
+  request issend(std::span<const std::byte> data, int peer, int tag) {
+    return post(true, const_cast<std::byte*>(data.data()), data.size(), peer, tag, false, true);
+  }
   /// Posts a receive of exactly `data.size()` bytes from `peer`.
   request irecv(std::span<std::byte> data, int peer, int tag) {
     return post(false, data.data(), data.size(), peer, tag);
@@ -668,7 +673,7 @@ public:
   }
 
 private:
-  request post(bool is_send, std::byte* p, std::size_t n, int peer, int tag, bool upto = false) {
+  request post(bool is_send, std::byte* p, std::size_t n, int peer, int tag, bool upto = false, bool sync = false) {
     const char* op = is_send ? "mpi.send" : "mpi.recv";
     const scoped_phase phase(trace(), is_send ? "send" : "recv", "transport", message_args(peer, n, tag));
     GRADSYNC_REQUIRE(peer >= 0 && peer < size_, op, rank_,
@@ -702,7 +707,7 @@ private:
       }
       MPI_Request q = MPI_REQUEST_NULL;
       const int len = static_cast<int>(n + h);
-      detail::check(is_send ? MPI_Isend(r.frame_.p, len, MPI_BYTE, peer, tag, comm_, &q)
+      detail::check(is_send ? (sync ? MPI_Issend : MPI_Isend)(r.frame_.p, len, MPI_BYTE, peer, tag, comm_, &q)
                             : MPI_Irecv(r.frame_.p, len, MPI_BYTE, peer, tag, comm_, &q),
                     op, rank_, peer);
       r.reqs_.push_back(q);
@@ -714,7 +719,7 @@ private:
     do {
       const std::size_t len = std::min(chunk, n - off);
       MPI_Request q = MPI_REQUEST_NULL;
-      const int rc = is_send ? MPI_Isend(p + off, static_cast<int>(len), MPI_BYTE, peer, tag, comm_, &q)
+      const int rc = is_send ? (sync ? MPI_Issend : MPI_Isend)(p + off, static_cast<int>(len), MPI_BYTE, peer, tag, comm_, &q)
                              : MPI_Irecv(p + off, static_cast<int>(len), MPI_BYTE, peer, tag, comm_, &q);
       detail::check(rc, op, rank_, peer);
       r.reqs_.push_back(q);
@@ -882,7 +887,7 @@ static_assert(transport<communicator>);
 static_assert(upto_receiver<communicator> && node_map<communicator> && timed<communicator> && recorded<communicator> &&
               traced<communicator>);
 // abort() frees this rank's blocked calls only (see there).
-static_assert(abortable<communicator>);
+static_assert(abortable<communicator> && synchronous_sender<communicator>);
 static_assert(inband_checked<communicator>);
 static_assert(!shared_arena<communicator> && !device_memory<communicator> &&
               !stream_ordered<communicator>);

@@ -113,6 +113,12 @@ public:
   auto irecv(std::span<std::byte> data, int peer, int tag) {
     return parent_->irecv(data, to_parent(peer, "subgroup.recv"), shifted(tag, "subgroup.recv"));
   }
+  /// Synchronous send, when the parent has it.
+  auto issend(std::span<const std::byte> data, int peer, int tag)
+    requires synchronous_sender<C>
+  {
+    return parent_->issend(data, to_parent(peer, "subgroup.send"), shifted(tag, "subgroup.send"));
+  }
   /// Receive of up to `capacity.size()` bytes, when the parent has it.
   auto irecv_upto(std::span<std::byte> capacity, int peer, int tag)
     requires upto_receiver<C>
