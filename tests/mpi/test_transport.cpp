@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -252,6 +253,32 @@ TEST_CASE("point to point: polling, and receive sizes that do not match the send
 static_assert(upto_receiver<mpi::communicator> && node_map<mpi::communicator> && timed<mpi::communicator>);
 static_assert(abortable<mpi::communicator> && recorded<mpi::communicator> && !shared_arena<mpi::communicator>);
 static_assert(detail::subgroup_forwards<mpi::communicator>);
+static_assert(synchronous_sender<mpi::communicator> && synchronous_sender<subgroup<mpi::communicator>>);
+
+TEST_CASE("issend completes only once the receiver has matched it; isend of 8 bytes does not wait") {
+  // Rank 1 posts its receives 200 ms after a barrier. The synchronous send
+  // cannot complete before that; the buffered (eager) 8-byte send does.
+  auto c = make_comm();
+  const int r = c.rank();
+  std::array<std::byte, 8> a{}, b{};
+  const auto pause = std::chrono::milliseconds(200);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (r == 0) {
+    auto t0 = std::chrono::steady_clock::now();
+    c.isend(a, 1, 3).wait();
+    const auto buffered = std::chrono::steady_clock::now() - t0;
+    t0 = std::chrono::steady_clock::now();
+    c.issend(b, 1, 3).wait();
+    const auto synced = std::chrono::steady_clock::now() - t0;
+    CHECK(buffered < pause / 2);
+    CHECK(synced >= pause / 2);
+  } else if (r == 1) {
+    std::this_thread::sleep_for(pause);
+    c.irecv(a, 0, 3).wait();
+    c.irecv(b, 0, 3).wait();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
 
 namespace {
 // Byte k of test message `m` of n bytes.

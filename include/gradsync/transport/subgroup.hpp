@@ -181,7 +181,7 @@ template <class C>
 inline constexpr bool subgroup_forwards =
     upto_receiver<subgroup<C>> == upto_receiver<C> && node_map<subgroup<C>> == node_map<C> &&
     abortable<subgroup<C>> == abortable<C> && timed<subgroup<C>> == timed<C> && traced<subgroup<C>> == traced<C> &&
-    !shared_arena<subgroup<C>>;
+    synchronous_sender<subgroup<C>> == synchronous_sender<C> && !shared_arena<subgroup<C>>;
 } // namespace detail
 
 } // namespace gradsync
