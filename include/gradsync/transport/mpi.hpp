@@ -651,7 +651,7 @@ public:
   /// Posts a synchronous send (MPI_Issend): it completes once `peer` has
   /// matched it, so sends made one after another do not cross together.
   request issend(std::span<const std::byte> data, int peer, int tag) {
-    return post(true, const_cast<std::byte*>(data.data()), data.size(), peer, tag, false, true);
+    return post(true, const_cast<std::byte*>(data.data()), data.size(), peer, tag, /*upto=*/false, /*sync=*/true);
   }
   /// Posts a receive of exactly `data.size()` bytes from `peer`.
   request irecv(std::span<std::byte> data, int peer, int tag) {
