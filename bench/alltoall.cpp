@@ -40,7 +40,7 @@
 #include <cstdint>
 #include <cstring>
 #include <iterator>
-#include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -144,11 +144,16 @@ std::uint64_t mix(std::uint64_t z) { // splitmix64's finaliser
   return z ^ (z >> 31);
 }
 
-/// counts[r * p + q]: elements rank r sends rank q (and q receives from r).
+/// counts[r * p + q]: elements rank r sends rank q (and q receives from r);
+/// a uniform matrix stores its one value instead (p x p counts are 8 MiB at
+/// 1024 ranks, and under SMPI every simulated rank holds its own copy).
 struct count_matrix {
   int p = 0;
-  std::vector<std::size_t> counts;
-  std::size_t at(int r, int q) const { return counts[static_cast<std::size_t>(r) * static_cast<std::size_t>(p) + static_cast<std::size_t>(q)]; }
+  std::vector<std::size_t> counts; // empty: every block is `each`
+  std::size_t each = 0;
+  std::size_t at(int r, int q) const {
+    return counts.empty() ? each : counts[static_cast<std::size_t>(r) * static_cast<std::size_t>(p) + static_cast<std::size_t>(q)];
+  }
   std::vector<std::size_t> sends(int r) const {
     std::vector<std::size_t> v(static_cast<std::size_t>(p));
     for (int q = 0; q < p; ++q) v[static_cast<std::size_t>(q)] = at(r, q);
@@ -159,18 +164,17 @@ struct count_matrix {
     for (int q = 0; q < p; ++q) v[static_cast<std::size_t>(q)] = at(q, r);
     return v;
   }
-  std::size_t largest() const { return counts.empty() ? 0 : *std::max_element(counts.begin(), counts.end()); }
+  std::size_t largest() const { return counts.empty() ? each : *std::max_element(counts.begin(), counts.end()); }
 };
 
 count_matrix make_matrix(pattern pat, int p, std::size_t n, int topk, double skew, std::uint64_t seed) {
-  count_matrix m{p, std::vector<std::size_t>(static_cast<std::size_t>(p) * static_cast<std::size_t>(p), 0)};
+  if (pat == pattern::uniform) return count_matrix{p, {}, n};
+  count_matrix m{p, std::vector<std::size_t>(static_cast<std::size_t>(p) * static_cast<std::size_t>(p), 0), 0};
   auto cell = [&](int r, int q) -> std::size_t& {
     return m.counts[static_cast<std::size_t>(r) * static_cast<std::size_t>(p) + static_cast<std::size_t>(q)];
   };
   switch (pat) {
-  case pattern::uniform:
-    std::fill(m.counts.begin(), m.counts.end(), n);
-    break;
+  case pattern::uniform: break; // returned above
   case pattern::skewed: // distance 0 (the own block) weighs 1: the largest block is n
     for (int r = 0; r < p; ++r)
       for (int q = 0; q < p; ++q) {
@@ -231,16 +235,24 @@ count_matrix make_matrix(pattern pat, int p, std::size_t n, int topk, double ske
   return m;
 }
 
-// One matrix per (pattern, p, n, k, seed), made once and shared by the
-// in-process ranks (moe's routing simulates every rank's tokens).
-const count_matrix& matrix_for(pattern pat, int p, std::size_t n, int topk, double skew, std::uint64_t seed) {
+// The matrix of one (pattern, p, n, k, seed), made once and shared by the
+// in-process ranks (moe's routing simulates every rank's tokens). Only the
+// two latest are kept (the sweep's size and the largest, which the header
+// prints; a rank a size behind holds its own reference): the sweep's sizes
+// used to pile up, and under SMPI every simulated rank has its own cache
+// (1024 ranks grew by 8 GiB a size).
+std::shared_ptr<const count_matrix> matrix_for(pattern pat, int p, std::size_t n, int topk, double skew,
+                                               std::uint64_t seed) {
+  using key_t = std::tuple<int, int, std::size_t, int, double, std::uint64_t>;
   static std::mutex mu;
-  static std::map<std::tuple<int, int, std::size_t, int, double, std::uint64_t>, count_matrix> cache;
+  static std::vector<std::pair<key_t, std::shared_ptr<const count_matrix>>> kept; // newest last
   const std::lock_guard lock(mu);
-  const auto key = std::tuple{static_cast<int>(pat), p, n, topk, skew, seed};
-  auto it = cache.find(key);
-  if (it == cache.end()) it = cache.emplace(key, make_matrix(pat, p, n, topk, skew, seed)).first;
-  return it->second;
+  const key_t key{static_cast<int>(pat), p, n, topk, skew, seed};
+  for (const auto& [k, m] : kept)
+    if (k == key) return m;
+  if (kept.size() == 2) kept.erase(kept.begin()); // before making the next
+  kept.emplace_back(key, std::make_shared<const count_matrix>(make_matrix(pat, p, n, topk, skew, seed)));
+  return kept.back().second;
 }
 
 std::string fixed(double v, int prec) {
@@ -384,8 +396,9 @@ std::int64_t sweep(C& c, const config& cfg, const selector& sel, report& rep) {
     const std::size_t n = bytes / sizeof(T); // elements per peer
     if (n == 0 || n == last_n) continue;     // rounded to nothing, or to the previous size
     last_n = n;
-    const count_matrix& m =
-        cfg.v ? matrix_for(cfg.pat, p, n, cfg.topk, cfg.skew, cfg.seed) : matrix_for(pattern::uniform, p, n, 0, 0, 0);
+    const auto held = cfg.v ? matrix_for(cfg.pat, p, n, cfg.topk, cfg.skew, cfg.seed)
+                            : matrix_for(pattern::uniform, p, n, 0, 0, 0);
+    const count_matrix& m = *held;
     const std::vector<std::size_t> send = m.sends(r), recv = m.receives(r);
     std::size_t in_n = 0, out_n = 0, largest_mine = 0;
     for (std::size_t q = 0; q < up; ++q) {
@@ -590,7 +603,8 @@ template <transport C> std::int64_t run_rank(C& c, const config& cfg) {
     // The matrix of the largest size, in units of that size.
     const std::size_t esz = dtype_size(cfg.dt), n = sz.back() / esz;
     if (n > 0 && c.size() <= 16) {
-      const count_matrix& m = matrix_for(cfg.pat, c.size(), n, cfg.topk, cfg.skew, cfg.seed);
+      const auto held = matrix_for(cfg.pat, c.size(), n, cfg.topk, cfg.skew, cfg.seed);
+      const count_matrix& m = *held;
       rep.note("counts at " + human_bytes(n * esz) + " per peer, row r = what rank r sends, in units of that size:");
       for (int a = 0; a < c.size(); ++a) {
         std::string line = "  ";

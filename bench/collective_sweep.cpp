@@ -184,7 +184,7 @@ template <class C> using shared_of = typename shared_type<C>::type;
 // of four uniforms) hashed from (rank, index). Small integers, the closed
 // form of the other rows, are all ties for top-k and flatter than any
 // gradient for the quantisers' scales.
-inline float gradient_value(int r, std::size_t i) {
+[[maybe_unused]] inline float gradient_value(int r, std::size_t i) {
   std::uint64_t z = (static_cast<std::uint64_t>(r) << 48) ^ (i * 4);
   double u = 0;
   for (int k = 0; k < 4; ++k) {
