@@ -812,7 +812,8 @@ private:
     }
     detail::run_call(c, name, f, bytes, o, [&] {
       if (a == algorithm::hier) // counts in items: the plan's own; in bytes (encoded): exchanged again
-        algo::alltoall_hier::run_v(c, groups_, l, tag_, policy::alltoall_window, name, items ? &group_counts_ : nullptr, back);
+        algo::alltoall_hier::run_v(c, groups_, l, tag_, policy::alltoall_window, name, items ? &group_counts_ : nullptr, back,
+                                   &hier_buffers_);
       else {
         algo::exchange::layout ls = l;
         ls.skip_empty = sparse_; // pairwise (or direct, which ignores it): no message for an empty block
@@ -887,6 +888,9 @@ private:
   rank_groups groups_;                                 // hier's groups
   algo::alltoall_hier::group_counts group_counts_;     // hier: the group's counts, fixed at creation
   bool hier_ready_ = false;                            // groups_ and group_counts_ hold them
+  // hier's message buffers, kept from run to run (a run is the rank's one
+  // call on its communicator at a time, so runs never share them at once).
+  mutable algo::alltoall_hier::buffers hier_buffers_;
   bool sparse_ = false; // some rank has an empty block to or from another: skipped (agreed at creation)
   edges to_nonempty_, from_nonempty_; // the destinations' / sources' entries with items
   const selector* select_ = nullptr;                   // options::select at creation (automatic's model)

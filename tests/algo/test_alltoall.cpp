@@ -688,6 +688,18 @@ TEST_CASE("exchange_plan: forwards then backwards restores the input; several dt
         std::vector<std::int32_t> idx(plan.send_items()), idx_out(plan.recv_items());
         for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<std::int32_t>(i + 1000u * static_cast<unsigned>(r));
         plan.run(c, std::span<const std::int32_t>(idx), std::span<std::int32_t>(idx_out));
+        // Another element size on the same plan (hier keeps its buffers from
+        // run to run): rank q's item j for this rank is q's send offset + j.
+        std::size_t got_at = 0;
+        for (int q = 0; q < p && e.empty(); ++q) {
+          std::size_t q_offset = 0;
+          for (int t = 0; t < r; ++t) q_offset += m(q, t);
+          for (std::size_t j = 0; j < m(q, r); ++j, ++got_at)
+            if (idx_out[got_at] != static_cast<std::int32_t>(q_offset + j + 1000u * static_cast<unsigned>(q))) {
+              e = "int32 run: wrong item from rank " + std::to_string(q);
+              break;
+            }
+        }
       });
       CHECK_MESSAGE(err.empty(), err);
     }
