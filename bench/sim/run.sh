@@ -14,6 +14,15 @@
 # The shared block is 256 MiB, mapped once per buffer: with SMPI's 1 MiB
 # default, 1024 ranks' 64 MiB buffers needed more mappings than Linux
 # allows (vm.max_map_count 65530: "Could not map folded virtual memory").
+# SimGrid keeps that block in a file in /tmp; at 1024 ranks with large
+# payloads (alltoall at 256 KiB per peer maps it about 6 times a rank) the
+# kernel's periodic writeback of its dirty pages walks each page's ~6000
+# mappings, and the simulator sat in D state behind a kworker for minutes.
+# Each start also writes the binary's 1024 private copies (~5 GB), which
+# passes the background writeback threshold. As root, for the runs,
+# `sysctl -w vm.dirty_writeback_centisecs=0 vm.dirty_background_ratio=50
+# vm.dirty_ratio=70` kept it running (Debian's defaults, to restore after:
+# 500, 10, 20).
 # smpi/allgather:bruck: SMPI's default MPI_Allgather posts p-1 sends and
 # receives per rank at once and finishing them is quadratic in SimGrid 3.32
 # (a list scan per completion): the one-int allgather of the communicator's
