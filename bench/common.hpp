@@ -130,8 +130,8 @@ struct row {
 using model_params = std::vector<std::pair<std::string, double>>;
 
 /// A cost model's parameters as the reports print them: both links, their
-/// per-size extras (local_extra_1K ... global_extra_512K), the NIC share and
-/// the arena's costs.
+/// per-size extras (local_extra_1K ... global_extra_512K), their in-flight
+/// shares, the NIC share and the arena's costs.
 inline model_params params_of(const cost_model& m) {
   model_params v{{"local_alpha", m.local.alpha},     {"local_beta", m.local.beta},       {"local_gamma", m.local.gamma},
                  {"global_alpha", m.global.alpha},   {"global_beta", m.global.beta},     {"global_gamma", m.global.gamma},
@@ -140,7 +140,9 @@ inline model_params params_of(const cost_model& m) {
     for (std::size_t i = 0; i < policy::calibrate_mid_points; ++i)
       v.emplace_back(std::string(name) + "_extra_" + std::to_string(policy::calibrate_mid_bytes[i] >> 10) + "K",
                      l->extra[i]);
-  v.insert(v.end(), {{"nic_share", m.nic_share}, {"arena_copy", m.arena.copy}, {"arena_sync", m.arena.sync}});
+  v.insert(v.end(), {{"local_inflight_share", m.local.inflight_share},
+                     {"global_inflight_share", m.global.inflight_share},
+                     {"nic_share", m.nic_share}, {"arena_copy", m.arena.copy}, {"arena_sync", m.arena.sync}});
   return v;
 }
 

@@ -102,18 +102,23 @@ double exchange_step(C& c, int to, int from, std::size_t bytes, int iters, int t
   return timed_steps(c, iters, step);
 }
 
-/// Seconds (as timed_steps) of `iters` bursts of `k` 8-byte messages to `to` and from
-/// `from`, all in flight at once (0 if this rank has nothing to do): the
-/// k - 1 extra messages cost their software overhead, not their latency.
-template <transport C> double burst_step(C& c, int to, int from, int k, int iters, int tag) {
+/// Seconds (as timed_steps) of `iters` bursts of `k` messages of `m` bytes
+/// to `to` and from `from`, all in flight at once (0 if this rank has
+/// nothing to do). 8-byte messages: the k - 1 extra messages cost their
+/// software overhead, not their latency; large ones: their bytes too, as
+/// far as messages in flight together share the link.
+template <transport C>
+double burst_step(C& c, int to, int from, int k, std::size_t m, int iters, int tag, std::span<std::byte> ws = {}) {
   if (to < 0 && from < 0) return 0;
-  std::vector<std::byte> out(8 * static_cast<std::size_t>(k)), in(out.size());
+  const std::size_t all = m * static_cast<std::size_t>(k);
+  const auto buf = scratch_bytes(ws, 2 * all);
+  const std::span<std::byte> out(buf.data(), all), in(buf.data() + all, all);
   std::vector<algo::request_t<C>> q;
   auto burst = [&] {
     for (int j = 0; j < k; ++j) {
-      const auto at = static_cast<std::size_t>(j) * 8;
-      if (from >= 0) q.push_back(c.irecv(std::span<std::byte>(in).subspan(at, 8), from, tag));
-      if (to >= 0) q.push_back(c.isend(std::span<const std::byte>(out).subspan(at, 8), to, tag));
+      const auto at = static_cast<std::size_t>(j) * m;
+      if (from >= 0) q.push_back(c.irecv(in.subspan(at, m), from, tag));
+      if (to >= 0) q.push_back(c.isend(std::span<const std::byte>(out.subspan(at, m)), to, tag));
     }
     algo::wait_all(q);
   };
@@ -125,9 +130,13 @@ template <transport C> double burst_step(C& c, int to, int from, int k, int iter
 /// between 8 B and policy::calibrate_bytes cost beyond them (link_cost::
 /// extra; a rank with no partner measures 0), and the part
 /// of alpha a burst of messages overlaps (link_cost::latency: alpha less
-/// the per-message overhead the burst shows).
-/// `full` false: beta alone (no sizes between, no burst: latency left at
-/// alpha), for a step whose other costs nothing uses.
+/// the per-message overhead the burst shows), and how far large messages
+/// in flight together share the link (link_cost::inflight_share: the
+/// large step's bytes split into policy::calibrate_split messages at once
+/// take what the one message took where they share, a split's worth where
+/// they do not).
+/// `full` false: beta alone (no sizes between, no bursts: latency left at
+/// alpha, share at 1), for a step whose other costs nothing uses.
 template <transport C>
 link_cost measure_step(C& c, int to, int from, int tag, int iters, std::span<std::byte> ws, bool full = true) {
   // Start together (the barrier's own tag: its messages cannot match a step's).
@@ -144,11 +153,26 @@ link_cost measure_step(C& c, int to, int from, int tag, int iters, std::span<std
     barrier(c, {.tag = tag + 1});
     l.extra[i] = exchange_step(c, to, from, m, iters, tag, ws) - (small + static_cast<double>(m) * l.beta);
   }
+  // A rank with no partner reports no sharing, so that the ranks' largest
+  // (calibrate's agreement) is the measuring ranks'.
+  if (full && to < 0 && from < 0) l.inflight_share = 0;
   if (full) {
     barrier(c, {.tag = tag + 1});
     constexpr int k = 8;
-    const double b = burst_step(c, to, from, k, std::max(5, iters / 4 + 1), tag);
+    const double b = burst_step(c, to, from, k, 8, std::max(5, iters / 4 + 1), tag);
     l.latency = std::clamp(small - std::max(0.0, b - small) / (k - 1), 0.0, small);
+    constexpr int s = policy::calibrate_split;
+    constexpr std::size_t piece = policy::calibrate_bytes / s;
+    barrier(c, {.tag = tag + 1});
+    const double one = exchange_step(c, to, from, piece, iters / 4 + 1, tag, ws);
+    barrier(c, {.tag = tag + 1});
+    const double split = burst_step(c, to, from, s, piece, iters / 4 + 1, tag, ws);
+    // Beyond one piece's message and the other pieces' own overheads, what
+    // the other pieces' bytes added, as a share of what their bytes cost
+    // alone. Against a piece, not calibrate_bytes at beta: a piece may move
+    // faster per byte (it stays in cache; MPICH, 2 ranks: 0.4-1 that way).
+    const double others = (s - 1) * (one - small), own = (s - 1) * (small - l.latency);
+    if (others > 0) l.inflight_share = std::clamp((split - one - own) / others, 0.0, 1.0);
   }
   return l;
 }
@@ -288,6 +312,8 @@ template <transport C> selector calibrate(C& c, int group_size = 0, const option
   constexpr std::size_t mid = 16, nmid = policy::calibrate_mid_points;
   for (std::size_t j = 0; j < nmid; ++j) v.push_back(local.alpha + local.extra[j]);
   for (std::size_t j = 0; j < nmid; ++j) v.push_back(global.alpha + global.extra[j]);
+  constexpr std::size_t shares = mid + 2 * nmid; // then the in-flight shares (the largest rank's)
+  v.insert(v.end(), {local.inflight_share, global.inflight_share});
   // A fixed schedule: `automatic` would consult a model, which is what this
   // call is still agreeing on.
   // Recursive doubling: ceil(log2 p) steps, where a ring's 2(p - 1) took
@@ -305,6 +331,8 @@ template <transport C> selector calibrate(C& c, int group_size = 0, const option
     m.local.extra[j] = v[mid + j] - v[0];
     across.extra[j] = v[mid + nmid + j] - v[2];
   }
+  m.local.inflight_share = v[shares];
+  across.inflight_share = v[shares + 1];
   m.global = groups.count() > 1 ? across : m.local;
   if (groups.max_size() <= 1) m.local = m.global; // groups of one rank: no link inside a group to time
   if (groups.count() > 1 && v[3] > 0) m.nic_share = std::clamp(v[12] / v[3], 1.0, std::max(1.0, v[13]));

@@ -669,6 +669,100 @@ TEST_CASE("select: calibrate agrees one model on every rank") {
   }
 }
 
+namespace {
+// A link on a clock of its own (wtime): a message of m bytes posted at time
+// t arrives at t + alpha + m beta where messages in flight together do not
+// share the link (SimGrid's FATPIPE), and after the bytes of every message
+// posted before it in its direction where they do. Each rank keeps its own
+// clock; calibration's steps are symmetric, so every rank sees the same.
+struct timed_link {
+  static constexpr std::string_view name = "timed_link";
+  static constexpr double alpha = 10e-6, beta = 1e-9;
+  inproc::communicator& c;
+  bool shares;
+  double now = 0, out_free = 0, in_free = 0;
+
+  template <class R> struct timed {
+    R inner;
+    double done;
+    double* clock;
+    void wait() {
+      inner.wait();
+      *clock = std::max(*clock, done);
+    }
+    bool test() {
+      if (!inner.test()) return false;
+      *clock = std::max(*clock, done);
+      return true;
+    }
+  };
+  double arrival(std::size_t m, double& free) {
+    const double start = shares ? std::max(now, free) : now;
+    free = start + static_cast<double>(m) * beta;
+    return free + alpha;
+  }
+  int rank() const { return c.rank(); }
+  int size() const { return c.size(); }
+  double wtime() const { return now; }
+  auto isend(std::span<const std::byte> d, int peer, int tag) {
+    const double at = arrival(d.size(), out_free);
+    return timed<decltype(c.isend(d, peer, tag))>{c.isend(d, peer, tag), at, &now};
+  }
+  auto irecv(std::span<std::byte> d, int peer, int tag) {
+    const double at = arrival(d.size(), in_free);
+    return timed<decltype(c.irecv(d, peer, tag))>{c.irecv(d, peer, tag), at, &now};
+  }
+};
+static_assert(clocked<timed_link>);
+} // namespace
+
+TEST_CASE("select: calibrate measures whether messages in flight together share the link") {
+  // On the timed link every step's time is closed form: alpha + m beta
+  // alone; policy::calibrate_split pieces of P bytes at once: alpha + P beta
+  // (not sharing) or alpha + split P beta (sharing). So inflight_share is 0
+  // and 1, and the latency all of alpha (8-byte bursts arrive together) or
+  // alpha less nothing (their 8 bytes each serialise: 8 beta apart, which is
+  // what calibrate charges a message's own overhead).
+  for (const bool shares : {false, true}) {
+    std::vector<cost_model> got(2);
+    inproc::run(2, [&](inproc::communicator& base) {
+      timed_link c{base, shares};
+      got[static_cast<std::size_t>(base.rank())] = calibrate(c, 2).model();
+    });
+    for (const auto& m : got) {
+      INFO("shares=" << shares);
+      CHECK(m.local.alpha == doctest::Approx(timed_link::alpha + 8 * timed_link::beta).epsilon(1e-9));
+      CHECK(m.local.beta == doctest::Approx(timed_link::beta).epsilon(1e-9));
+      CHECK(m.local.inflight_share == doctest::Approx(shares ? 1.0 : 0.0).epsilon(1e-9));
+      CHECK(m.global.inflight_share == m.local.inflight_share); // one group: the local link serves both
+    }
+  }
+}
+
+TEST_CASE("select: the chain's segments in flight cost what the link's in-flight share says") {
+  // One group of 8 ranks, a broadcast of 8 MiB in k = 32 segments of
+  // s = 256 KiB, D = 4 in flight; link alpha 1 us, all of it latency (own
+  // overhead 0), beta 5e-11: a segment's message m = 1 + 13.1072 =
+  // 14.1072 us. The chain: (p - 2)(m + (D - 1) x) + k max(x, m / D), x =
+  // share s beta:
+  //  share 1:   6 (14.1072 + 39.3216) + 32 x 13.1072 = 740.0032 us;
+  //  share 0.5: 6 (14.1072 + 19.6608) + 32 x 6.5536 = 412.3232 us;
+  //  share 0:   6 x 14.1072 + 32 x 3.5268 = 197.5008 us.
+  static_assert(policy::pipeline_depth == 4);
+  cost_model m;
+  m.local = {1e-6, 5e-11, 0, 1e-6};
+  for (const auto& sw : {std::pair{1.0, 740.0032e-6}, {0.5, 412.3232e-6}, {0.0, 197.5008e-6}}) {
+    const double share = sw.first, want = sw.second;
+    m.local.inflight_share = share;
+    INFO("share=" << share);
+    CHECK(m.rooted(algorithm::ring, std::size_t{8} << 20, 8, false, std::size_t{1} << 18) ==
+          doctest::Approx(want).epsilon(1e-12));
+    // the tree sends one segment at a time: the share does not enter
+    CHECK(m.rooted(algorithm::tree, std::size_t{8} << 20, 8, false, std::size_t{1} << 18) ==
+          doctest::Approx(32 * 3 * 1e-6 + 3 * 8388608 * 5e-11).epsilon(1e-12));
+  }
+}
+
 TEST_CASE("select: calibrate fails on every rank for a malformed GRADSYNC_ALGO") {
   env_guard env("ring:0-1Q");
   std::atomic<int> failures{0};

@@ -52,6 +52,14 @@ struct link_cost {
   /// bandwidth below the link's live here. May be negative (a size that
   /// stays in cache).
   double extra[policy::calibrate_mid_points]{};
+  /// How much of beta each of several large messages in flight together on
+  /// this link pays for the others: 1, they share its bandwidth (a real
+  /// link, a memory bus, SimGrid's shared links); 0, each moves at the
+  /// link's full rate (SimGrid's FATPIPE links, among them the loopback
+  /// that carries a <cluster> node's ranks inside the `shared` and `fast`
+  /// simulated platforms). calibrate() measures it from one large message
+  /// against the same bytes as policy::calibrate_split messages at once.
+  double inflight_share = 1;
 
   /// The per-message part of a message of `m` bytes: alpha plus the extra
   /// of the largest measured size not above m (protocols switch at size
@@ -502,7 +510,9 @@ struct cost_model {
     // One group, or groups of one rank (every hop on one kind of link), D
     // sends in flight: the first D segments share each hop's link, so each
     // hop of the fill takes a message plus (D - 1) segments' bytes; after it
-    // each segment costs its bytes or, where the latencies (link_cost::
+    // each segment costs its bytes (both times link_cost::inflight_share:
+    // on a link whose flows do not share, segments in flight move at once,
+    // and only the latencies bound the stream) or, where the latencies (link_cost::
     // latency and the size extras: SMPI's latency factors) are too long for
     // D in flight to cover, a message over D. The part of alpha that does
     // not overlap (posting, matching) is paid in full. SimGrid SMPI, 8 ranks
@@ -520,7 +530,8 @@ struct cost_model {
       if (one_in_flight) return (p - 2 + k) * (l.msg(sz) + sz * g);
       const double d = std::min(k, static_cast<double>(policy::pipeline_depth));
       const double own = l.alpha - std::clamp(l.latency, 0.0, l.alpha), msg = l.msg(sz);
-      return (p - 2) * (msg + (d - 1) * sz * l.beta + sz * g) + k * (std::max(own + sz * l.beta, msg / d) + sz * g);
+      const double shared = sz * l.beta * std::clamp(l.inflight_share, 0.0, 1.0); // a segment's cost to the others
+      return (p - 2) * (msg + (d - 1) * shared + sz * g) + k * (std::max(own + shared, msg / d) + sz * g);
     }
     if (one_in_flight)
       return (p - 2) * fill + k * (std::max(local.msg(sz), global.msg(sz)) + sz * g);
