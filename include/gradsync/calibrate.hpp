@@ -169,9 +169,12 @@ link_cost measure_step(C& c, int to, int from, int tag, int iters, std::span<std
     const double split = burst_step(c, to, from, s, piece, iters / 4 + 1, tag, ws);
     // Beyond one piece's message and the other pieces' own overheads, what
     // the other pieces' bytes added, as a share of what their bytes cost
-    // alone. Against a piece, not calibrate_bytes at beta: a piece may move
-    // faster per byte (it stays in cache; MPICH, 2 ranks: 0.4-1 that way).
-    const double others = (s - 1) * (one - small), own = (s - 1) * (small - l.latency);
+    // alone: a piece's step less its latency (alpha and the size's extra,
+    // which pieces in flight overlap: SMPI's NICs, shared, measured 0.8
+    // with it in). Against a piece, not calibrate_bytes at beta: a piece may
+    // move faster per byte (it stays in cache; MPICH, 2 ranks: 0.4-1 that way).
+    const double others = (s - 1) * (one - l.alpha_at(static_cast<double>(piece)));
+    const double own = (s - 1) * (small - l.latency);
     if (others > 0) l.inflight_share = std::clamp((split - one - own) / others, 0.0, 1.0);
   }
   return l;

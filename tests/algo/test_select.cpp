@@ -718,11 +718,13 @@ static_assert(clocked<timed_link>);
 
 TEST_CASE("select: calibrate measures whether messages in flight together share the link") {
   // On the timed link every step's time is closed form: alpha + m beta
-  // alone; policy::calibrate_split pieces of P bytes at once: alpha + P beta
-  // (not sharing) or alpha + split P beta (sharing). So inflight_share is 0
-  // and 1, and the latency all of alpha (8-byte bursts arrive together) or
-  // alpha less nothing (their 8 bytes each serialise: 8 beta apart, which is
-  // what calibrate charges a message's own overhead).
+  // alone; S = policy::calibrate_split pieces of P bytes at once: alpha +
+  // P beta (not sharing) or alpha + S P beta (sharing). Sharing, the 8-byte
+  // burst's messages arrive 8 beta apart, which calibrate takes for each
+  // message's own overhead (latency = alpha), and the 8 B step that is the
+  // model's alpha holds 8 beta, so the size extras are -8 beta: the others'
+  // bytes cost (S - 1) P beta alone and added about (S - 1)(P - 8) beta
+  // beyond their overheads: a share of about 1 - 8 / P. Not sharing: 0.
   for (const bool shares : {false, true}) {
     std::vector<cost_model> got(2);
     inproc::run(2, [&](inproc::communicator& base) {
@@ -733,7 +735,13 @@ TEST_CASE("select: calibrate measures whether messages in flight together share 
       INFO("shares=" << shares);
       CHECK(m.local.alpha == doctest::Approx(timed_link::alpha + 8 * timed_link::beta).epsilon(1e-9));
       CHECK(m.local.beta == doctest::Approx(timed_link::beta).epsilon(1e-9));
-      CHECK(m.local.inflight_share == doctest::Approx(shares ? 1.0 : 0.0).epsilon(1e-9));
+      constexpr double piece = static_cast<double>(policy::calibrate_bytes / policy::calibrate_split);
+      if (shares) { // 1 less about 8 / P (7.5 / P here: the burst's timing)
+        CHECK(m.local.inflight_share > 1 - 16 / piece);
+        CHECK(m.local.inflight_share <= 1 - 4 / piece);
+      } else {
+        CHECK(m.local.inflight_share == 0);
+      }
       CHECK(m.global.inflight_share == m.local.inflight_share); // one group: the local link serves both
     }
   }
@@ -743,15 +751,16 @@ TEST_CASE("select: the chain's segments in flight cost what the link's in-flight
   // One group of 8 ranks, a broadcast of 8 MiB in k = 32 segments of
   // s = 256 KiB, D = 4 in flight; link alpha 1 us, all of it latency (own
   // overhead 0), beta 5e-11: a segment's message m = 1 + 13.1072 =
-  // 14.1072 us. The chain: (p - 2)(m + (D - 1) x) + k max(x, m / D), x =
-  // share s beta:
-  //  share 1:   6 (14.1072 + 39.3216) + 32 x 13.1072 = 740.0032 us;
-  //  share 0.5: 6 (14.1072 + 19.6608) + 32 x 6.5536 = 412.3232 us;
-  //  share 0:   6 x 14.1072 + 32 x 3.5268 = 197.5008 us.
+  // 14.1072 us. The chain: (p - 2)(m + (D - 1) x) + k max(x, (m + (D - 1)
+  // x) / D), x = share s beta (a segment holds its place in flight for its
+  // message and the others' shared bytes):
+  //  share 1:   6 (14.1072 + 39.3216) + 32 x 53.4288 / 4 = 748.0032 us;
+  //  share 0.5: 6 (14.1072 + 19.6608) + 32 x 33.768 / 4 = 472.752 us;
+  //  share 0:   6 x 14.1072 + 32 x 14.1072 / 4 = 197.5008 us.
   static_assert(policy::pipeline_depth == 4);
   cost_model m;
   m.local = {1e-6, 5e-11, 0, 1e-6};
-  for (const auto& sw : {std::pair{1.0, 740.0032e-6}, {0.5, 412.3232e-6}, {0.0, 197.5008e-6}}) {
+  for (const auto& sw : {std::pair{1.0, 748.0032e-6}, {0.5, 472.752e-6}, {0.0, 197.5008e-6}}) {
     const double share = sw.first, want = sw.second;
     m.local.inflight_share = share;
     INFO("share=" << share);
@@ -1231,15 +1240,23 @@ TEST_CASE("select: the chain broadcast and reduce on several groups by hand") {
   // 16 x 27.2144 = 435.4304 us: 1917.4368 us.
   CHECK(m.rooted(algorithm::ring, 4 * n, 16, false, seg) == doctest::Approx(1917.4368e-6).epsilon(1e-12));
   // All of alpha overlaps (latency = alpha, as calibrated under SMPI): a
-  // segment of the stream costs its bytes, max(s 1e-10, 27.2144 / 4) =
-  // 26.2144 us: 1482.0064 + 419.4304 = 1901.4368 us.
+  // segment of the stream holds one of the four places in flight for its
+  // message and the other three's bytes (the link shares: inflight_share
+  // 1), max(s 1e-10, (27.2144 + 3 x 26.2144) / 4) = 26.4644 us:
+  // 1482.0064 + 423.4304 = 1905.4368 us.
   m.local.latency = 1e-6;
-  CHECK(m.rooted(algorithm::ring, 4 * n, 16, false, seg) == doctest::Approx(1901.4368e-6).epsilon(1e-12));
-  // A latency of 100 us that four in flight cannot cover: the stream pays
-  // a message over four, (100 + 26.2144) / 4 = 31.5536 us a segment; the
-  // fill 14 (100 + 104.8576) = 2868.0064 us: 3372.864 us.
+  CHECK(m.rooted(algorithm::ring, 4 * n, 16, false, seg) == doctest::Approx(1905.4368e-6).epsilon(1e-12));
+  // A latency of 100 us that four in flight cannot cover: (126.2144 +
+  // 78.6432) / 4 = 51.2144 us a segment; the fill 14 (100 + 104.8576) =
+  // 2868.0064 us: 3687.4368 us.
   m.local.alpha = m.local.latency = 100e-6;
-  CHECK(m.rooted(algorithm::ring, 4 * n, 16, false, seg) == doctest::Approx(3372.864e-6).epsilon(1e-12));
+  CHECK(m.rooted(algorithm::ring, 4 * n, 16, false, seg) == doctest::Approx(3687.4368e-6).epsilon(1e-12));
+  // The same link where segments in flight do not share it (a FATPIPE):
+  // the fill's hops carry one segment's bytes, 14 x 126.2144 = 1767.0016
+  // us, and the stream a message over four, 16 x 31.5536 = 504.8576 us:
+  // 2271.8592 us.
+  m.local.inflight_share = 0;
+  CHECK(m.rooted(algorithm::ring, 4 * n, 16, false, seg) == doctest::Approx(2271.8592e-6).epsilon(1e-12));
   // Groups of one rank: every hop crosses, the same form on the global
   // link: 14 (10e-6 + 4 s 1e-9) + 16 (10e-6 + s 1e-9) = 14820.064 +
   // 4354.304 = 19174.368 us.
