@@ -190,11 +190,26 @@ struct cost_model {
   /// the bound applies in proportion. SMPI, 256 ranks on `shared`: ring
   /// allreduce of 2 KiB-512 KiB at 5.6-7.3 us per step against the chain's
   /// 3.7-5.6 (model -22 to -34 %); global alpha / 4 = 5.55 us.
+  /// Not yet: a block of several segments streams them (stream_segment
+  /// would price each); SMPI, 32 ranks one per node on `fast`, ring
+  /// reduce-scatter of 64 MiB (2 MiB blocks, 8 segments): 315 us a step
+  /// simulated, this 254, the stream 315.
   double ring_step(const topology& t, double m) const {
     const double chain = chain_alpha(t, m) + m * chain_beta(t);
     if (t.groups <= 1) return chain;
     const double crossing = global.alpha / policy::pipeline_depth + m * global.beta;
     return chain + std::clamp(m / 4, 0.0, 1.0) * std::max(0.0, crossing - chain);
+  }
+  /// Seconds per segment of `s` bytes in a stream over link `l` with `d`
+  /// in flight: its own overhead and its bytes to the others (as far as
+  /// they share the link: link_cost::inflight_share), or, where the
+  /// latencies are too long for d in flight to cover, what holds one of the
+  /// d places in flight over d: its message, stretched by the others' shared
+  /// bytes.
+  static double stream_segment(const link_cost& l, double s, double d) {
+    const double own = l.alpha - std::clamp(l.latency, 0.0, l.alpha);
+    const double shared = s * l.beta * std::clamp(l.inflight_share, 0.0, 1.0);
+    return std::max(own + shared, (l.msg(s) + (d - 1) * shared) / d);
   }
   /// Per-byte cost of one hop of such a chain, averaged over the hops (a
   /// segment filling the pipeline crosses each link in turn).
@@ -534,9 +549,8 @@ struct cost_model {
       const link_cost& l = t.groups <= 1 ? local : global;
       if (one_in_flight) return (p - 2 + k) * (l.msg(sz) + sz * g);
       const double d = std::min(k, static_cast<double>(policy::pipeline_depth));
-      const double own = l.alpha - std::clamp(l.latency, 0.0, l.alpha), msg = l.msg(sz);
       const double shared = sz * l.beta * std::clamp(l.inflight_share, 0.0, 1.0); // a segment's cost to the others
-      return (p - 2) * (msg + (d - 1) * shared + sz * g) + k * (std::max(own + shared, (msg + (d - 1) * shared) / d) + sz * g);
+      return (p - 2) * (l.msg(sz) + (d - 1) * shared + sz * g) + k * (stream_segment(l, sz, d) + sz * g);
     }
     if (one_in_flight)
       return (p - 2) * fill + k * (std::max(local.msg(sz), global.msg(sz)) + sz * g);
