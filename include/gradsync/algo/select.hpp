@@ -532,16 +532,16 @@ struct cost_model {
     // D in flight to cover, what holds one of the D places in flight over D:
     // its message, stretched by the other segments' bytes where they share
     // the link (latency / D + bytes: SMPI, 8 ranks one per node on `fast`,
-    // chain broadcast of 8 / 16 MiB: 2147 / 3362 us simulated, 67.2 / 52.5 us
-    // per segment, this 2185 / 3432; the message over D alone 1723 / 2507).
+    // chain broadcast of 8 / 16 MiB: 2147 / 3362 us simulated, this 2189 /
+    // 3439; the message over D alone 1723 / 2507).
     // The part of alpha that does not overlap (posting, matching) is paid
     // in full. SimGrid SMPI, 8 ranks
     // one per node (10 Gbit/s NICs), chain broadcast of 256 KiB / 1 / 4 /
-    // 8 MiB in 256 KiB segments: 2457 / 7139 / 10556 / 14813 us simulated,
-    // this 2553 / 7411 / 10260 / 14058 (the several-group form below: up to
+    // 8 MiB in 256 KiB segments: 2524 / 7206 / 10622 / 14880 us simulated,
+    // this 2553 / 7520 / 10743 / 15041 (the several-group form below: up to
     // 18134, +22 %); 64 ranks on `fast`, hier reduce (a chain of 8 inside
     // each node, then one of the 8 leaders) of 8 / 16 MiB: 2385 / 3758 us,
-    // this 2566 / 3813, the textbook chain 3901 / 7185 (+64 / +91 %).
+    // this 2467 / 3877, the textbook chain 3901 / 7185 (+64 / +91 %).
     const double k = std::max(1.0, std::ceil(n / static_cast<double>(seg))), sz = n / k;
     const double fill = chain_alpha(t, sz) + sz * (hop_beta(t) + g);
     const bool one_in_flight = p > static_cast<double>(policy::chain_ranks_per_segment_for_one_send) * k;
