@@ -131,10 +131,10 @@ double burst_step(C& c, int to, int from, int k, std::size_t m, int iters, int t
 /// extra; a rank with no partner measures 0), and the part
 /// of alpha a burst of messages overlaps (link_cost::latency: alpha less
 /// the per-message overhead the burst shows), and how far large messages
-/// in flight together share the link (link_cost::inflight_share: the
-/// large step's bytes split into policy::calibrate_split messages at once
-/// take what the one message took where they share, a split's worth where
-/// they do not).
+/// in flight together share the link (link_cost::inflight_share: a step
+/// of calibrate_bytes / calibrate_split against calibrate_split such
+/// messages at once, which take about that many steps' bytes where they
+/// share, one step's where they do not).
 /// `full` false: beta alone (no sizes between, no bursts: latency left at
 /// alpha, share at 1), for a step whose other costs nothing uses.
 template <transport C>
@@ -153,10 +153,10 @@ link_cost measure_step(C& c, int to, int from, int tag, int iters, std::span<std
     barrier(c, {.tag = tag + 1});
     l.extra[i] = exchange_step(c, to, from, m, iters, tag, ws) - (small + static_cast<double>(m) * l.beta);
   }
-  // A rank with no partner reports no sharing, so that the ranks' largest
-  // (calibrate's agreement) is the measuring ranks'.
-  if (full && to < 0 && from < 0) l.inflight_share = 0;
   if (full) {
+    // A rank with no partner reports no sharing, so that the ranks' largest
+    // (calibrate's agreement) is the measuring ranks'.
+    if (to < 0 && from < 0) l.inflight_share = 0;
     barrier(c, {.tag = tag + 1});
     constexpr int k = 8;
     const double b = burst_step(c, to, from, k, 8, std::max(5, iters / 4 + 1), tag);

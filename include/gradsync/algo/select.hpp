@@ -57,8 +57,8 @@ struct link_cost {
   /// link, a memory bus, SimGrid's shared links); 0, each moves at the
   /// link's full rate (SimGrid's FATPIPE links, among them the loopback
   /// that carries a <cluster> node's ranks inside the `shared` and `fast`
-  /// simulated platforms). calibrate() measures it from one large message
-  /// against the same bytes as policy::calibrate_split messages at once.
+  /// simulated platforms). calibrate() measures it from one message of
+  /// calibrate_bytes / calibrate_split against calibrate_split of them at once.
   double inflight_share = 1;
 
   /// The per-message part of a message of `m` bytes: alpha plus the extra
@@ -77,6 +77,9 @@ struct link_cost {
   }
   /// Seconds of one message of `m` bytes on this link alone.
   double msg(double m) const noexcept { return alpha_at(m) + m * beta; }
+  /// What a message of `m` bytes in flight costs each other message in
+  /// flight with it on this link (inflight_share of its bytes' time).
+  double shared_bytes(double m) const noexcept { return m * beta * std::clamp(inflight_share, 0.0, 1.0); }
 };
 
 /// Costs of the shared-memory arena allreduce (algorithm::direct,
@@ -207,8 +210,7 @@ struct cost_model {
   /// d places in flight over d: its message, stretched by the others' shared
   /// bytes.
   static double stream_segment(const link_cost& l, double s, double d) {
-    const double own = l.alpha - std::clamp(l.latency, 0.0, l.alpha);
-    const double shared = s * l.beta * std::clamp(l.inflight_share, 0.0, 1.0);
+    const double own = l.alpha - std::clamp(l.latency, 0.0, l.alpha), shared = l.shared_bytes(s);
     return std::max(own + shared, (l.msg(s) + (d - 1) * shared) / d);
   }
   /// Per-byte cost of one hop of such a chain, averaged over the hops (a
@@ -549,8 +551,7 @@ struct cost_model {
       const link_cost& l = t.groups <= 1 ? local : global;
       if (one_in_flight) return (p - 2 + k) * (l.msg(sz) + sz * g);
       const double d = std::min(k, static_cast<double>(policy::pipeline_depth));
-      const double shared = sz * l.beta * std::clamp(l.inflight_share, 0.0, 1.0); // a segment's cost to the others
-      return (p - 2) * (l.msg(sz) + (d - 1) * shared + sz * g) + k * (stream_segment(l, sz, d) + sz * g);
+      return (p - 2) * (l.msg(sz) + (d - 1) * l.shared_bytes(sz) + sz * g) + k * (stream_segment(l, sz, d) + sz * g);
     }
     if (one_in_flight)
       return (p - 2) * fill + k * (std::max(local.msg(sz), global.msg(sz)) + sz * g);
