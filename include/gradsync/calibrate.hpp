@@ -357,10 +357,18 @@ template <transport C> selector calibrate(C& c, int group_size = 0, const option
       // too fast (1-64 MiB, 2 ranks) and, the step's beta varying 2-4e-10
       // between runs, `automatic` took it over direct in 1 of 3 bench runs
       // (33 vs 16.6 ms at 64 MiB). Beta is the larger of the step's and the
-      // one the timed ring implies.
+      // one at which the model's ring is the timed one (in segments of
+      // policy::ring_segment_bytes: time_direct's options name no selector;
+      // the model's ring is piecewise linear in beta: the secant from 0 to
+      // the step's beta, in-flight share applied).
       link_cost no_beta = m.local;
       no_beta.beta = 0;
-      const double implied = (v[11] - cost_model::flat(algorithm::ring, n, p, no_beta, 0)) / (2.0 * (p - 1) / p * n);
+      const double seg = static_cast<double>(policy::ring_segment_bytes);
+      const double base = cost_model::flat(algorithm::ring, n, p, no_beta, seg);
+      const double per_beta = m.local.beta > 0
+                                  ? (cost_model::flat(algorithm::ring, n, p, m.local, seg) - base) / m.local.beta
+                                  : 2.0 * (p - 1) / p * n;
+      const double implied = per_beta > 0 ? (v[11] - base) / per_beta : 0;
       m.local.beta = std::max(m.local.beta, implied);
       if (groups.count() <= 1) m.global = m.local;
     }

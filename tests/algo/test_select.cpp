@@ -52,6 +52,8 @@ struct ref_model {
     return q;
   }
 
+  double msgs(double m) const { return m > seg ? std::ceil(m / seg) : 1; }
+
   // ---- One group of p ranks on link l: the textbook formulas. ----
   double textbook(algorithm x, double n, int p, const ref_link& l) const {
     if (p <= 1) return 0;
@@ -59,14 +61,20 @@ struct ref_model {
     const int q2 = floor_pow2(p);
     const double k2 = std::log2(q2), f = q2 == p ? 0 : 1, A = l.A, B = l.B, G = l.G;
     switch (x) {
-    case algorithm::ring: return 2.0 * (p - 1) * A + 2.0 * (p - 1) / p * n * B + (p - 1.0) / p * n * G;
+    // a message over seg goes as ceil(m / seg) segments, each paying alpha
+    case algorithm::ring: return 2.0 * (p - 1) * msgs(n / p) * A + 2.0 * (p - 1) / p * n * B + (p - 1.0) / p * n * G;
     case algorithm::tree: { // reduce and broadcast pay alpha per segment per round
       const double k = std::max(1.0, std::ceil(n / seg));
       return 2 * k * L * A + 2 * L * n * B + L * n * G;
     }
-    case algorithm::rd: return (k2 + 2 * f) * A + (k2 + 2 * f) * n * B + (k2 + f) * n * G;
-    case algorithm::rabenseifner:
-      return (2 * k2 + 2 * f) * A + (2 * (q2 - 1.0) / q2 + 2 * f) * n * B + ((q2 - 1.0) / q2 + f) * n * G;
+    // (combining exchanges; copies, the fold's way back and the doubling,
+    // go whole)
+    case algorithm::rd: return ((k2 + f) * msgs(n) + f) * A + (k2 + 2 * f) * n * B + (k2 + f) * n * G;
+    case algorithm::rabenseifner: { // halving and doubling: messages of n d / p', d = 1 .. p'/2
+      double a = f * (msgs(n) + 1);
+      for (int d = 1; d < q2; d *= 2) a += msgs(n * d / q2) + 1;
+      return a * A + (2 * (q2 - 1.0) / q2 + 2 * f) * n * B + ((q2 - 1.0) / q2 + f) * n * G;
+    }
     case algorithm::dbtree: {
       // the first segment up and down h levels (one send up, two down per
       // level), then k - 1 stages of 4 segments (two trees, up and down),
@@ -96,8 +104,15 @@ struct ref_model {
   static int cross_xor(int d, int gs, int m) { return m > 1 && gs > 1 && d >= gs ? gs : 0; }
   // ... when rank r sends to r + d: the last min(d, gs) ranks of the group.
   static int cross_shift(int d, int gs, int m) { return m > 1 && gs > 1 ? std::min(d, gs) : 0; }
-  // A step where every rank sends `bytes` and `cross` ranks per group leave it.
-  double step(double bytes, int cross, int gs, int m) const {
+  // A step where every rank sends `bytes` and `cross` ranks per group leave
+  // it; in segments of `sg` (> 0), k of them over it, each paying its own
+  // alpha on the slower link.
+  double step(double bytes, int cross, int gs, int m, double sg = 0) const {
+    if (sg > 0 && bytes > sg) {
+      const double k = std::ceil(bytes / sg), s = bytes / k;
+      const double out = m > 1 && cross > 0 ? glob.A + s * glob.B * share(cross, gs) : 0.0;
+      return k * std::max(loc.A + s * loc.B, out);
+    }
     const double inside = loc.A + bytes * loc.B;
     if (m <= 1 || cross <= 0) return inside;
     return std::max(inside, glob.A + bytes * glob.B * share(cross, gs));
@@ -109,7 +124,14 @@ struct ref_model {
   // A ring step of b bytes: the chain, but at least the crossing hop's
   // pace (its base latency over the 4 receives in flight), in proportion
   // to how full the blocks are (under 4 bytes mostly empty).
-  double ring_step(int gs, int m, double b) const {
+  // A block over `sg` streams k segments of s, each at the slower link's
+  // A + s B (no latency part, and in-flight bytes share: stream_segment's
+  // bound is the message).
+  double ring_step(int gs, int m, double b, double sg) const {
+    if (b > sg) {
+      const double k = std::ceil(b / sg), s = b / k;
+      return k * std::max(loc.A + s * loc.B, m > 1 ? glob.A + s * glob.B : 0.0);
+    }
     const double chain = chain_A(gs, m) + b * chain_B(m);
     if (m <= 1) return chain;
     const double crossing = glob.A / 4 + b * glob.B;
@@ -133,19 +155,21 @@ struct ref_model {
     const double G = loc.G;
     const int L = ceil_lg(p), q2 = floor_pow2(p);
     const double k2 = std::log2(q2), f = q2 == p ? 0 : 1;
-    const double fold = f * 2 * step(n, cross_xor(1, gs, m), gs, m); // in to r, back to r + 1
+    // in to r (combined: segments), back to r + 1 (a copy: one message)
+    const double fold = f * (step(n, cross_xor(1, gs, m), gs, m, seg) + step(n, cross_xor(1, gs, m), gs, m));
     switch (x) {
     case algorithm::ring:
-      return 2.0 * (p - 1) * ring_step(gs, m, n / p) + (p - 1.0) / p * n * G;
+      return 2.0 * (p - 1) * ring_step(gs, m, n / p, seg) + (p - 1.0) / p * n * G;
     case algorithm::tree: return 2 * tree_pass(n, p, gs, m, seg) + L * n * G;
     case algorithm::rd: {
       double s = fold;
-      for (int d = 1; d < q2; d *= 2) s += step(n, cross_xor(d, gs, m), gs, m);
+      for (int d = 1; d < q2; d *= 2) s += step(n, cross_xor(d, gs, m), gs, m, seg);
       return s + (k2 + f) * n * G;
     }
     case algorithm::rabenseifner: {
       double s = fold;
-      for (int d = 1; d < q2; d *= 2) s += 2 * step(n * d / q2, cross_xor(d, gs, m), gs, m); // halve, double
+      for (int d = 1; d < q2; d *= 2) // halve (segments), double (whole copies)
+        s += step(n * d / q2, cross_xor(d, gs, m), gs, m, seg) + step(n * d / q2, cross_xor(d, gs, m), gs, m);
       return s + ((q2 - 1.0) / q2 + f) * n * G;
     }
     case algorithm::dbtree: {
@@ -182,18 +206,22 @@ struct ref_model {
       if (p < 4) return inf;
       const ref_link l = m > 1 ? ref_link{glob.A, glob.B * share(gs, gs), glob.G} : loc;
       const int w = grid_row(p), rows = (p + w - 1) / w;
-      return 2.0 * (w - 1) * l.A + 2.0 * (w - 1) / w * n * l.B + (w - 1.0) / w * n * l.G +
-             textbook(algorithm::ring, n / w, rows, l);
+      // the column step: a ring of n / w bytes over the rows, unsegmented
+      const double c = n / w;
+      return 2.0 * (w - 1) * l.A + 2.0 * (w - 1) / w * n * l.B + (w - 1.0) / w * n * l.G + 2.0 * (rows - 1) * l.A +
+             2.0 * (rows - 1) / rows * c * l.B + (rows - 1.0) / rows * c * l.G;
     }
     return per_step(x, n, p, gs, m);
   }
 
   // ---- Reduce-scatter (reduce) / allgather of n bytes in p blocks. ----
+  // Their segment: 4 MiB where a link is slower than 1 GB/s, else 256 KiB.
+  double gather_seg() const { return std::max(loc.B, glob.B) > 1e-9 ? 4 << 20 : 256 << 10; }
   double gather(algorithm x, double n, int p, int gs, int m, bool reduce) const {
     if (p <= 1) return 0;
     const double b = n / p, G = reduce ? loc.G : 0;
     switch (x) {
-    case algorithm::ring: return (p - 1) * (ring_step(gs, m, b) + b * G);
+    case algorithm::ring: return (p - 1) * (ring_step(gs, m, b, gather_seg()) + b * G);
     case algorithm::bruck: {
       double s = 0;
       if (!reduce) { // round d: min(d, p - d) blocks to the rank d on
@@ -203,7 +231,7 @@ struct ref_model {
       // halving: of `left` blocks send the last floor(left/2) ceil(left/2) on
       for (int left = p; left > 1;) {
         const int keep = (left + 1) / 2, sent = left - keep;
-        s += step(sent * b, cross_shift(keep, gs, m), gs, m) + sent * b * G;
+        s += step(sent * b, cross_shift(keep, gs, m), gs, m, gather_seg()) + sent * b * G;
         left = keep;
       }
       return s + n * copy;
@@ -212,10 +240,11 @@ struct ref_model {
       const int q2 = floor_pow2(p);
       const double v = n / q2;
       double s = 0;
-      for (int d = 1; d < q2; d *= 2) s += step(d * v, cross_xor(d, gs, m), gs, m) + d * v * G;
+      const double sg = reduce ? gather_seg() : 0; // allgathers move whole ranges
+      for (int d = 1; d < q2; d *= 2) s += step(d * v, cross_xor(d, gs, m), gs, m, sg) + d * v * G;
       if (q2 != p) {
         const int c = cross_xor(1, gs, m);
-        s += reduce ? step(n, c, gs, m) + n * G + step(b, c, gs, m) : step(b, c, gs, m) + step(n - b, c, gs, m);
+        s += reduce ? step(n, c, gs, m, sg) + n * G + step(b, c, gs, m) : step(b, c, gs, m) + step(n - b, c, gs, m);
       }
       return s;
     }
@@ -268,7 +297,7 @@ struct ref_model {
       double s = 0;
       for (int half = 1 << ceil_lg(p); (half /= 2) >= 1;)
         s += step(std::min(half, p - half) * b, m > 1 && half >= gs ? 1 : 0, gs, m);
-      return s + (p - 1) * ring_step(gs, m, b);
+      return s + (p - 1) * ring_step(gs, m, b, seg);
     }
     case algorithm::hier: {
       // The best flat schedule among the m group leaders on the global
@@ -465,12 +494,13 @@ TEST_CASE("select: hier's step between groups shares the NIC (choose_inner)") {
         CHECK(ref.textbook(got, static_cast<double>(b), groups, link) <=
               ref.best_textbook(static_cast<double>(b), groups, link) * (1 + 1e-9));
       }
-  // The ring between 3 groups of 8 ranks, nic_share 4: beta 4 x 1e-9, so
-  // 2 x 2 x 10e-6 + 2 x 2/3 x 64 Mi x 4e-9 + 2/3 x 64 Mi x 1e-10
-  // = 40e-6 + 357913.941333e-6 + 4473.924267e-6 = 362427.8656 us.
+  // The ring between 3 groups of 8 ranks, nic_share 4: beta 4 x 1e-9, and
+  // blocks of 64 Mi / 3 in k = ceil(85.33) = 86 segments of 256 KiB, so
+  // 2 x 2 x 86 x 10e-6 + 2 x 2/3 x 64 Mi x 4e-9 + 2/3 x 64 Mi x 1e-10
+  // = 3440e-6 + 357913.941333e-6 + 4473.924267e-6 = 365827.8656 us.
   const double n = 64.0 * (1 << 20);
   CHECK(cost_model::flat(algorithm::ring, n, 3, m.between_groups(8), 1 << 18) ==
-        doctest::Approx(362427.8656e-6).epsilon(1e-10));
+        doctest::Approx(365827.8656e-6).epsilon(1e-10));
   CHECK(m.between_groups(8).beta == doctest::Approx(4e-9).epsilon(1e-15));
   CHECK(m.between_groups(2).beta == doctest::Approx(2e-9).epsilon(1e-15));
   CHECK(m.between_groups(0).beta == doctest::Approx(1e-9).epsilon(1e-15));
@@ -506,7 +536,9 @@ TEST_CASE("select: per-size message costs (link_cost::extra) by hand") {
   // Schedules on one group: each message pays the extra of its own size.
   // Ring, 4 ranks, 256 KiB: 6 messages of 64 KiB, alpha + 40e-6 each; rd:
   // 2 steps of the whole 256 KiB (64 KiB's extra too); with 1 MiB, rd's
-  // messages pay 512 KiB's extra.
+  // messages go as 4 segments of 256 KiB, 4 in flight, each the larger of
+  // its own overhead and bytes, 10e-6 + s b, and a quarter of its message
+  // and the other three's bytes, (50e-6 + 4 s b) / 4 = 274.644 us.
   const ref_model ref{{}, {}, static_cast<double>(policy::ring_segment_bytes)};
   const double n = 262144;
   CHECK(cost_model::flat(algorithm::ring, n, 4, l, policy::ring_segment_bytes) ==
@@ -514,11 +546,14 @@ TEST_CASE("select: per-size message costs (link_cost::extra) by hand") {
   CHECK(cost_model::flat(algorithm::rd, n, 4, l, policy::ring_segment_bytes) ==
         doctest::Approx(ref.textbook(algorithm::rd, n, 4, {50e-6, 1e-9, 1e-10})).epsilon(1e-12));
   CHECK(cost_model::flat(algorithm::rd, 4 * n, 4, l, policy::ring_segment_bytes) ==
-        doctest::Approx(ref.textbook(algorithm::rd, 4 * n, 4, {60e-6, 1e-9, 1e-10})).epsilon(1e-12));
+        doctest::Approx(2 * 4 * 274.644e-6 + 2 * 4 * n * 1e-10).epsilon(1e-12));
   // Rabenseifner, 4 ranks, 1 MiB: two steps of 256 KiB (64 KiB's extra) and two
-  // of 512 KiB (512 KiB's), plus 1.5 n beta and 0.75 n gamma.
+  // of 512 KiB: the halving's in 2 segments, 2 in flight, each max(10e-6 +
+  // s b, (50e-6 + 2 s b) / 2) = 287.144 us, the doubling's copy whole
+  // (512 KiB's extra); plus 0.75 n gamma.
   CHECK(cost_model::flat(algorithm::rabenseifner, 4 * n, 4, l, policy::ring_segment_bytes) ==
-        doctest::Approx(2 * 50e-6 + 2 * 60e-6 + 1.5 * 4 * n * 1e-9 + 0.75 * 4 * n * 1e-10).epsilon(1e-12));
+        doctest::Approx(2 * (50e-6 + n * 1e-9) + 2 * 287.144e-6 + 60e-6 + 2 * n * 1e-9 + 0.75 * 4 * n * 1e-10)
+            .epsilon(1e-12));
   // The NIC shared between groups keeps the extras (only beta scales).
   cost_model m;
   m.local = l;
@@ -795,8 +830,9 @@ TEST_CASE("select: broadcast and reduce pick tree, chain or scatter-allgather by
   //    (p - 2)(alpha + D s beta + s gamma) + k (alpha + s (beta + gamma)),
   //    s = n / k (no latency overlaps: link_cost::latency is 0);
   //  scatter_allgather (broadcast only): a binomial scatter of L rounds
-  //    moving p - 1 blocks of n/p in all, then the ring allgather:
-  //    L alpha + (p-1)/p n beta + (p - 1)(alpha + n/p beta).
+  //    moving p - 1 blocks of n/p in all, then the ring allgather, its
+  //    blocks over S in j = ceil(n/p / S) segments:
+  //    L alpha + (p-1)/p n beta + (p - 1)(j alpha + n/p beta).
   cost_model m;
   m.local = {10e-6, 1e-10, 1e-10};
   const selector sel(m);
@@ -811,7 +847,8 @@ TEST_CASE("select: broadcast and reduce pick tree, chain or scatter-allgather by
                                                   : (p - 2) * (10e-6 + std::min(k, 4.0) * s * 1e-10 + s * g) +
                                                         k * (10e-6 + s * (1e-10 + g));
         const double sa = red ? std::numeric_limits<double>::infinity()
-                              : L * 10e-6 + (p - 1.0) / p * n * 1e-10 + (p - 1) * (10e-6 + n / p * 1e-10);
+                              : L * 10e-6 + (p - 1.0) / p * n * 1e-10 +
+                                    (p - 1) * ((n / p > S ? std::ceil(n / p / S) : 1) * 10e-6 + n / p * 1e-10);
         INFO("p=" << p << " bytes=" << bytes << " reduce=" << red);
         CHECK(m.rooted(algorithm::tree, bytes, p, red, 1 << 18) == doctest::Approx(tree).epsilon(1e-12));
         CHECK(m.rooted(algorithm::ring, bytes, p, red, 1 << 18) == doctest::Approx(chain).epsilon(1e-12));
@@ -895,13 +932,14 @@ TEST_CASE("select: with a shared arena the model chooses direct where it is chea
   CHECK(m.allreduce(algorithm::rd, 8192, t, seg) == doctest::Approx(7.2768e-6).epsilon(1e-12));
   CHECK(sel.choose(8192, t, seg) == algorithm::direct);
   // 64 MiB: direct 32 rounds: 64e-6 + 2 n 2e-10 + 0.75 n 1e-10 = 31.9407 ms;
-  // ring: 12e-6 + 1.5 n 1e-10 + 0.75 n 1e-10 = 15.1115 ms (rabenseifner's 4
-  // messages instead of 6 make it 4 us cheaper still): not direct.
+  // ring: 6 steps of 64 segments of 256 KiB: 768e-6 + 1.5 n 1e-10 + 0.75 n
+  // 1e-10 = 15.8675 ms (rabenseifner's 4 unsegmented messages make it
+  // cheaper still): not direct.
   const std::size_t big = std::size_t{64} << 20;
   CHECK(m.allreduce(algorithm::direct, big, t, seg) ==
         doctest::Approx(64e-6 + 2 * 67108864 * 2e-10 + 0.75 * 67108864 * 1e-10).epsilon(1e-12));
   CHECK(m.allreduce(algorithm::ring, big, t, seg) ==
-        doctest::Approx(12e-6 + 1.5 * 67108864 * 1e-10 + 0.75 * 67108864 * 1e-10).epsilon(1e-12));
+        doctest::Approx(6 * 64 * 2e-6 + 1.5 * 67108864 * 1e-10 + 0.75 * 67108864 * 1e-10).epsilon(1e-12));
   CHECK(sel.choose(big, t, seg) != algorithm::direct);
   // The override table still wins, both ways.
   CHECK(selector(m, parse_algo_table("ring")).choose(8192, t, seg) == algorithm::ring);
@@ -950,15 +988,16 @@ TEST_CASE("select: reduce-scatter and allgather choose direct, ring, bruck or rd
   CHECK(m.scatter_gather(algorithm::bruck, 8192, t, true) == doctest::Approx(6.8672e-6).epsilon(1e-12));
   CHECK(m.scatter_gather(algorithm::direct, 8192, t, true) == doctest::Approx(3.2528e-6).epsilon(1e-12));
   CHECK(sel.choose_reduce_scatter(8192, t, seg) == algorithm::direct);
-  // 64 MiB (b = 16 Mi): ring 3 (2e-6 + 16 Mi x 2e-10) = 10.0723296 ms; rd
-  // one alpha less: 4e-6 + 3 x 16 Mi x 2e-10 = 10.0703296 ms; bruck + 64 Mi
-  // x 2e-10 = 23.4921024 ms; direct 32 rounds of 2 MiB: 32e-6 +
-  // 13.4217728e-3 + 5.0331648e-3 = 18.4869376 ms. rd wins.
-  CHECK(m.scatter_gather(algorithm::ring, big, t, true) == doctest::Approx(10.0723296e-3).epsilon(1e-12));
-  CHECK(m.scatter_gather(algorithm::rd, big, t, true) == doctest::Approx(10.0703296e-3).epsilon(1e-12));
-  CHECK(m.scatter_gather(algorithm::bruck, big, t, true) == doctest::Approx(23.4921024e-3).epsilon(1e-12));
+  // 64 MiB (b = 16 Mi, 64 segments of 256 KiB): ring 3 (64 x 2e-6 + 16 Mi x
+  // 2e-10) = 10.4503296 ms; rd the same: rounds of 64 and 128 segments;
+  // bruck + 64 Mi x 2e-10 = 23.8721024 ms; direct 32 rounds of 2 MiB:
+  // 32e-6 + 13.4217728e-3 + 5.0331648e-3 = 18.4869376 ms. The tie goes to
+  // the ring (the earlier candidate).
+  CHECK(m.scatter_gather(algorithm::ring, big, t, true) == doctest::Approx(10.4503296e-3).epsilon(1e-12));
+  CHECK(m.scatter_gather(algorithm::rd, big, t, true) == doctest::Approx(10.4503296e-3).epsilon(1e-12));
+  CHECK(m.scatter_gather(algorithm::bruck, big, t, true) == doctest::Approx(23.8721024e-3).epsilon(1e-12));
   CHECK(m.scatter_gather(algorithm::direct, big, t, true) == doctest::Approx(18.4869376e-3).epsilon(1e-12));
-  CHECK(sel.choose_reduce_scatter(big, t, seg) == algorithm::rd);
+  CHECK(sel.choose_reduce_scatter(big, t, seg) == algorithm::ring);
   // 8 KiB allgather: ring 3 (2e-6 + 2048e-10) = 6.6144 us; bruck and rd
   // both 2 rounds of 1 and 2 blocks: 4e-6 + 3 x 2048e-10 = 4.6144 us;
   // direct: stage one 2 KiB block in 1 round: 1e-6 + 8192 x 2e-10 = 2.6384 us.
@@ -967,11 +1006,11 @@ TEST_CASE("select: reduce-scatter and allgather choose direct, ring, bruck or rd
   CHECK(m.scatter_gather(algorithm::rd, 8192, t, false) == doctest::Approx(4.6144e-6).epsilon(1e-12));
   CHECK(m.scatter_gather(algorithm::direct, 8192, t, false) == doctest::Approx(2.6384e-6).epsilon(1e-12));
   CHECK(sel.choose_allgather(8192, t, seg) == algorithm::direct);
-  // 64 MiB: ring 3 (2e-6 + 16 Mi x 1e-10) = 5.0391648 ms; bruck = rd =
+  // 64 MiB: ring 3 (64 x 2e-6 + 16 Mi x 1e-10) = 5.4171648 ms; bruck = rd =
   // 4e-6 + 48 Mi x 1e-10 = 5.0371648 ms; direct: blocks of 16 MiB in 8
   // rounds: 8e-6 + 13.4217728e-3 = 13.4297728 ms. The tie goes to bruck
   // (the earlier candidate).
-  CHECK(m.scatter_gather(algorithm::ring, big, t, false) == doctest::Approx(5.0391648e-3).epsilon(1e-12));
+  CHECK(m.scatter_gather(algorithm::ring, big, t, false) == doctest::Approx(5.4171648e-3).epsilon(1e-12));
   CHECK(m.scatter_gather(algorithm::bruck, big, t, false) == doctest::Approx(5.0371648e-3).epsilon(1e-12));
   CHECK(m.scatter_gather(algorithm::rd, big, t, false) == doctest::Approx(5.0371648e-3).epsilon(1e-12));
   CHECK(m.scatter_gather(algorithm::direct, big, t, false) == doctest::Approx(13.4297728e-3).epsilon(1e-12));
@@ -1003,10 +1042,12 @@ TEST_CASE("select: reduce-scatter and allgather choose direct, ring, bruck or rd
   CHECK(m.scatter_gather(algorithm::tree, 8192, t, true) == std::numeric_limits<double>::infinity());
   CHECK(m.scatter_gather(algorithm::ring, 8192, topology{1, 1, 1, true}, true) == 0);
   // Without an arena on 4 ranks: rd's 2 rounds move what the ring's 3 do
-  // (3 blocks), so the ring never wins; reduce-scatter: bruck adds a copy
-  // of the input, rd wins; allgather: bruck and rd cost the same, bruck.
+  // (3 blocks); reduce-scatter: bruck adds a copy of the input, rd wins
+  // while a block fits one segment, above it sends as many segments as the
+  // ring (3 blocks' worth) and the tie goes to the ring; allgather (whole
+  // ranges, no segments): bruck and rd cost the same, bruck.
   for (std::size_t b = 8; b <= big; b *= 8) {
-    CHECK(sel.choose_reduce_scatter(b, no_arena, seg) == algorithm::rd);
+    CHECK(sel.choose_reduce_scatter(b, no_arena, seg) == (b / 4 > seg ? algorithm::ring : algorithm::rd));
     CHECK(sel.choose_allgather(b, no_arena, seg) == algorithm::bruck);
   }
   // The table wins when it names ring, bruck, rd or (with an arena) direct;
@@ -1138,39 +1179,41 @@ TEST_CASE("select: two-level rd and rabenseifner allreduce: the shared NIC slows
   CHECK(cost_model::crossing(t, 3, true) == 3);
   CHECK(cost_model::crossing(t, 16, true) == 8);
   CHECK(cost_model::crossing(topology{8, 8, 1}, 4, true) == 0);
-  // rd: 6 rounds of all n. d = 1, 2, 4 inside the groups: 3 (1e-6 + 1 Mi x
-  // 1e-10) = 317.5728 us; d = 8, 16, 32 between groups, all 8 ranks at once;
-  // the reduction 6 x 1 Mi x 1e-10 = 629.1456 us.
-  //  nic_share 1: 3 (10e-6 + 1 Mi x 1e-9) = 3175.728 us: 4122.4464 us;
-  //  nic_share 8: 3 (10e-6 + 8 x 1 Mi x 1e-9) = 25195.824 us: 26142.5424 us;
-  //  nic_share 3: 3 (10e-6 + 3 x 1 Mi x 1e-9) = 9467.184 us: 10413.9024 us.
+  // rd: 6 rounds of all n, each in 4 segments of s = 256 KiB (alpha each:
+  // no latency overlaps). d = 1, 2, 4 inside the groups: 3 x 4 (1e-6 + s x
+  // 1e-10) = 326.5728 us; d = 8, 16, 32 between groups, all 8 ranks at
+  // once; the reduction 6 x 1 Mi x 1e-10 = 629.1456 us.
+  //  nic_share 1: 3 x 4 (10e-6 + s x 1e-9) = 3265.728 us: 4221.4464 us;
+  //  nic_share 8: 3 x 4 (10e-6 + 8 s x 1e-9) = 25285.824 us: 26241.5424 us;
+  //  nic_share 3: 3 x 4 (10e-6 + 3 s x 1e-9) = 9557.184 us: 10512.9024 us.
   m.nic_share = 1;
-  CHECK(m.allreduce(algorithm::rd, n, t, seg) == doctest::Approx(4122.4464e-6).epsilon(1e-12));
+  CHECK(m.allreduce(algorithm::rd, n, t, seg) == doctest::Approx(4221.4464e-6).epsilon(1e-12));
   m.nic_share = 8;
-  CHECK(m.allreduce(algorithm::rd, n, t, seg) == doctest::Approx(26142.5424e-6).epsilon(1e-12));
+  CHECK(m.allreduce(algorithm::rd, n, t, seg) == doctest::Approx(26241.5424e-6).epsilon(1e-12));
   CHECK(m.contention(t, 8) == 8);
   CHECK(m.contention(t, 4) == 4);
   CHECK(m.contention(t, 0) == 1);
   m.nic_share = 3;
-  CHECK(m.allreduce(algorithm::rd, n, t, seg) == doctest::Approx(10413.9024e-6).epsilon(1e-12));
+  CHECK(m.allreduce(algorithm::rd, n, t, seg) == doctest::Approx(10512.9024e-6).epsilon(1e-12));
   CHECK(m.contention(t, 8) == 3);
   // rabenseifner: rounds d of n d/64 bytes, twice (halving, doubling).
   // Inside: 2 (3 x 1e-6 + 7/64 Mi x 1e-10) = 6e-6 + 22.9376e-6 = 28.9376 us;
-  // between (d = 8, 16, 32: 56/64 Mi):
-  //  nic_share 1: 2 (30e-6 + 917504 x 1e-9) = 1895.008 us;
-  //  nic_share 8: 2 (30e-6 + 8 x 917504 x 1e-9) = 14740.064 us;
+  // between (d = 8, 16, 32: 56/64 Mi; d = 32's 512 KiB halving in 2
+  // segments, one alpha more; the doubling's copies go whole):
+  //  nic_share 1: 70e-6 + 2 x 917504 x 1e-9 = 1905.008 us;
+  //  nic_share 8: 70e-6 + 2 x 8 x 917504 x 1e-9 = 14750.064 us;
   // reduction 63/64 Mi x 1e-10 = 103.2192 us.
-  // Totals 2027.1648 us and 14872.2208 us.
+  // Totals 2037.1648 us and 14882.2208 us.
   m.nic_share = 1;
-  CHECK(m.allreduce(algorithm::rabenseifner, n, t, seg) == doctest::Approx(2027.1648e-6).epsilon(1e-12));
+  CHECK(m.allreduce(algorithm::rabenseifner, n, t, seg) == doctest::Approx(2037.1648e-6).epsilon(1e-12));
   m.nic_share = 8;
-  CHECK(m.allreduce(algorithm::rabenseifner, n, t, seg) == doctest::Approx(14872.2208e-6).epsilon(1e-12));
+  CHECK(m.allreduce(algorithm::rabenseifner, n, t, seg) == doctest::Approx(14882.2208e-6).epsilon(1e-12));
   // nic_share above the group size is clamped to it: the same as 8.
   m.nic_share = 32;
-  CHECK(m.allreduce(algorithm::rd, n, t, seg) == doctest::Approx(26142.5424e-6).epsilon(1e-12));
-  // One group: no crossing, rd is 6 (1e-6 + 1 Mi x 1e-10) + 629.1456 us =
-  // 635.1456 + 629.1456 = 1264.2912 us whatever nic_share.
-  CHECK(m.allreduce(algorithm::rd, n, topology{64, 64, 1}, seg) == doctest::Approx(1264.2912e-6).epsilon(1e-12));
+  CHECK(m.allreduce(algorithm::rd, n, t, seg) == doctest::Approx(26241.5424e-6).epsilon(1e-12));
+  // One group: no crossing, rd is 6 x 4 (1e-6 + s x 1e-10) + 629.1456 us =
+  // 653.1456 + 629.1456 = 1282.2912 us whatever nic_share.
+  CHECK(m.allreduce(algorithm::rd, n, topology{64, 64, 1}, seg) == doctest::Approx(1282.2912e-6).epsilon(1e-12));
 }
 
 TEST_CASE("select: dbtree by hand: the first segment level by level, then full stages sharing the NIC") {
@@ -1289,15 +1332,17 @@ TEST_CASE("select: allgather and reduce-scatter on many ranks: bruck or rd small
   const selector s48(one);
   CHECK(s48.choose_allgather(384, t48, seg) == algorithm::bruck);
   CHECK(s48.choose_reduce_scatter(384, t48, seg) == algorithm::bruck);
-  // 64 MiB reduce-scatter: ring 47e-6 + 47/48 n x 2e-10 = 13189.1525 us;
-  // bruck 6e-6 + 47/48 n x 2e-10 + n x 1e-10 = 19859.0389 us (the copy of
-  // the input costs more than 41 alphas): the ring. Allgather: bruck moves
-  // the ring's 47 blocks in 6 rounds, 6e-6 + 47/48 n 1e-10 = 6577.0763 us
-  // against 6618.0763 us: bruck at every size on one group.
+  // 64 MiB reduce-scatter: ring 47 steps of 6 segments (blocks of 1.33 MiB
+  // over 256 KiB), 282e-6 + 47/48 n x 2e-10 = 13424.1525 us; bruck's 6
+  // rounds send 24, 12, 6, 3, 1, 1 blocks, in 128 + 64 + 32 + 16 + 6 + 6
+  // segments: 252e-6 + 47/48 n x 2e-10 + n x 1e-10 = 20105.0389 us (and
+  // the copy of the input): the ring. Allgather: bruck
+  // moves the ring's 47 blocks in 6 rounds, 6e-6 + 47/48 n 1e-10 =
+  // 6577.0763 us against 6853.0763 us: bruck at every size on one group.
   const double N = static_cast<double>(big);
-  CHECK(one.scatter_gather(algorithm::ring, big, t48, true) == doctest::Approx(47e-6 + 47.0 / 48 * N * 2e-10).epsilon(1e-12));
+  CHECK(one.scatter_gather(algorithm::ring, big, t48, true) == doctest::Approx(282e-6 + 47.0 / 48 * N * 2e-10).epsilon(1e-12));
   CHECK(one.scatter_gather(algorithm::bruck, big, t48, true) ==
-        doctest::Approx(6e-6 + 47.0 / 48 * N * 2e-10 + N * 1e-10).epsilon(1e-12));
+        doctest::Approx(252e-6 + 47.0 / 48 * N * 2e-10 + N * 1e-10).epsilon(1e-12));
   CHECK(s48.choose_reduce_scatter(big, t48, seg) == algorithm::ring);
   CHECK(one.scatter_gather(algorithm::bruck, big, t48, false) == doctest::Approx(6e-6 + 47.0 / 48 * N * 1e-10).epsilon(1e-12));
   CHECK(s48.choose_allgather(big, t48, seg) == algorithm::bruck);
@@ -1332,12 +1377,15 @@ TEST_CASE("select: allgather and reduce-scatter on many ranks: bruck or rd small
   const selector sel(two);
   CHECK(sel.choose_allgather(512, t, seg) == algorithm::rd);
   CHECK(sel.choose_reduce_scatter(512, t, seg) == algorithm::rd);
-  // 64 MiB (blocks of 1 MiB): ring allgather 63 (5e-6 + 1 Mi x 1e-9) =
-  // 66375.288 us (the crossing hop's pace again), reduce-scatter 63 (5e-6 +
-  // 1 Mi x 1.1e-9) = 72981.3168 us; bruck's and rd's round d = 32 alone moves 32 MiB with 8 ranks
-  // sharing the NIC: 32 Mi x 8e-9 = 268435.456 us: the ring.
-  CHECK(two.scatter_gather(algorithm::ring, big, t, false) == doctest::Approx(66375.288e-6).epsilon(1e-12));
-  CHECK(two.scatter_gather(algorithm::ring, big, t, true) == doctest::Approx(72981.3168e-6).epsilon(1e-12));
+  // 64 MiB (blocks of 1 MiB: 4 segments of 256 KiB, all 4 in flight): a
+  // ring step streams them at the crossing hop's pace, each segment
+  // max(20e-6 + 256 Ki x 1e-9, (20e-6 + 4 x 256 Ki x 1e-9) / 4) = 282.144
+  // us: allgather 63 x 4 x 282.144e-6 = 71100.288 us, reduce-scatter 63 (4
+  // x 282.144e-6 + 1 Mi x 1e-10) = 77706.3168 us; bruck's and rd's round
+  // d = 32 alone moves 32 MiB with 8 ranks sharing the NIC: 32 Mi x 8e-9 =
+  // 268435.456 us: the ring.
+  CHECK(two.scatter_gather(algorithm::ring, big, t, false) == doctest::Approx(71100.288e-6).epsilon(1e-12));
+  CHECK(two.scatter_gather(algorithm::ring, big, t, true) == doctest::Approx(77706.3168e-6).epsilon(1e-12));
   CHECK(two.scatter_gather(algorithm::rd, big, t, false) > 268435.456e-6);
   CHECK(two.scatter_gather(algorithm::bruck, big, t, false) > 268435.456e-6);
   CHECK(two.scatter_gather(algorithm::bruck, big, t, true) > 268435.456e-6);
@@ -1346,7 +1394,7 @@ TEST_CASE("select: allgather and reduce-scatter on many ranks: bruck or rd small
   // With a NIC per rank (nic_share 1) rd's rounds between groups move 56
   // MiB at 1e-9: 3e-6 + 7 Mi x 1e-10 + 60e-6 + 56 Mi x 1e-9 = 3e-6 +
   // 734.0032e-6 + 60e-6 + 58720.256e-6 = 59517.2592 us, below the ring's
-  // 66375.288 us: rd.
+  // 71100.288 us: rd.
   two.nic_share = 1;
   CHECK(two.scatter_gather(algorithm::rd, big, t, false) == doctest::Approx(59517.2592e-6).epsilon(1e-12));
   CHECK(selector(two).choose_allgather(big, t, seg) == algorithm::rd);
@@ -1358,6 +1406,7 @@ TEST_CASE("select: table entries naming gather and broadcast schedules") {
   cost_model m;
   m.local = {1e-6, 1e-10, 1e-10};
   m.global = {20e-6, 1e-9, 1e-10};
+  m.arena.copy = 1e-10;
   m.nic_share = 8;
   const topology t{64, 8, 8};
   const std::size_t seg = 1 << 18, big = std::size_t{64} << 20;

@@ -141,6 +141,15 @@ struct cost_model {
     return m;
   }
 
+  /// Pipeline segment of the schedules on these links: large where a link
+  /// is slow (beta above policy::slow_link_beta: a network, not memory),
+  /// where each message's handshake waits behind the queued bytes of the
+  /// others (core/policy.hpp has the measurement), else the policy default.
+  std::size_t segment() const noexcept {
+    return std::max(local.beta, global.beta) > policy::slow_link_beta ? policy::slow_link_segment_bytes
+                                                                     : policy::ring_segment_bytes;
+  }
+
   /// The link a schedule sees when every rank of a group crosses at once
   /// (local with one group): global with its beta shared nic_share ways.
   link_cost flat_link(const topology& t) const {
@@ -166,7 +175,20 @@ struct cost_model {
   /// Seconds of one step in which every rank sends `m` bytes and
   /// `cross` ranks of each group send theirs to another group (sharing its
   /// link: contention): the slowest pair bounds the step.
-  double step(const topology& t, double m, int cross) const {
+  /// With `seg` (> 0) the messages go in segments of seg (pairwise.hpp's
+  /// exchanges: receives policy::pipeline_depth ahead), and one over it
+  /// streams them as a ring's block does (ring_step): SMPI, 32 ranks one
+  /// per node on `fast`, recursive-halving reduce-scatter of 64 MiB: 9415
+  /// us simulated, 6319 as whole messages, 9697 streamed.
+  double step(const topology& t, double m, int cross, double seg = 0) const {
+    if (seg > 0 && m > seg) {
+      const double k = std::ceil(m / seg), s = m / k, d = std::min(k, static_cast<double>(policy::pipeline_depth));
+      const double in = stream_segment(local, s, d);
+      if (t.groups <= 1 || cross <= 0) return k * in;
+      link_cost out = global;
+      out.beta *= contention(t, cross);
+      return k * std::max(in, stream_segment(out, s, d));
+    }
     const double in = local.msg(m);
     if (t.groups <= 1 || cross <= 0) return in;
     return std::max(in, global.alpha_at(m) + m * global.beta * contention(t, cross));
@@ -193,11 +215,17 @@ struct cost_model {
   /// the bound applies in proportion. SMPI, 256 ranks on `shared`: ring
   /// allreduce of 2 KiB-512 KiB at 5.6-7.3 us per step against the chain's
   /// 3.7-5.6 (model -22 to -34 %); global alpha / 4 = 5.55 us.
-  /// Not yet: a block of several segments streams them (stream_segment
-  /// would price each); SMPI, 32 ranks one per node on `fast`, ring
-  /// reduce-scatter of 64 MiB (2 MiB blocks, 8 segments): 315 us a step
-  /// simulated, this 254, the stream 315.
-  double ring_step(const topology& t, double m) const {
+  /// A block of several segments of `seg` streams them, pipeline_depth in
+  /// flight (ring.hpp's waves): each segment costs stream_segment on the
+  /// slower of the links the hops use. SMPI, 32 ranks one per node on
+  /// `fast`, ring reduce-scatter of 64 MiB (2 MiB blocks, 8 segments of
+  /// 256 KiB): 315 us a step simulated; the block as one message 254.
+  double ring_step(const topology& t, double m, double seg) const {
+    if (seg > 0 && m > seg) {
+      const double k = std::ceil(m / seg), s = m / k, d = std::min(k, static_cast<double>(policy::pipeline_depth));
+      const double in = stream_segment(local, s, d);
+      return k * (t.groups > 1 ? std::max(in, stream_segment(global, s, d)) : in);
+    }
     const double chain = chain_alpha(t, m) + m * chain_beta(t);
     if (t.groups <= 1) return chain;
     const double crossing = global.alpha / policy::pipeline_depth + m * global.beta;
@@ -257,20 +285,23 @@ struct cost_model {
     const int pof2 = static_cast<int>(std::bit_floor(static_cast<unsigned>(p)));
     const double k2 = std::countr_zero(static_cast<unsigned>(pof2)), fold = p == pof2 ? 0 : 1;
     const double q = (pof2 - 1.0) / pof2, g = local.gamma;
-    // The fold's two steps: partners r, r + 1 (the same group unless groups of one).
-    const double folds = fold * 2 * step(t, n, crossing(t, 1, false));
+    // The fold's two steps: partners r, r + 1 (the same group unless groups
+    // of one). Combining exchanges go in segments, copies whole
+    // (pairwise.hpp: shift_copy moves a typed range as one message).
+    const double folds = fold * (step(t, n, crossing(t, 1, false), seg) + step(t, n, crossing(t, 1, false)));
     switch (a) {
     case algorithm::ring:
-      return 2 * (p - 1) * ring_step(t, n / p) + (p - 1.0) / p * n * g;
+      return 2 * (p - 1) * ring_step(t, n / p, seg) + (p - 1.0) / p * n * g;
     case algorithm::tree: return 2 * tree_phase(t, n, seg) + lg * n * g; // reduce, then broadcast
     case algorithm::rd: {
       double s = folds;
-      for (int d = 1; d < pof2; d *= 2) s += step(t, n, crossing(t, d, false));
+      for (int d = 1; d < pof2; d *= 2) s += step(t, n, crossing(t, d, false), seg);
       return s + (k2 + fold) * n * g;
     }
     case algorithm::rabenseifner: {
       double s = folds;
-      for (int d = 1; d < pof2; d *= 2) s += 2 * step(t, n * d / pof2, crossing(t, d, false));
+      for (int d = 1; d < pof2; d *= 2) // halving (combining), doubling (copies)
+        s += step(t, n * d / pof2, crossing(t, d, false), seg) + step(t, n * d / pof2, crossing(t, d, false));
       return s + (q + fold) * n * g;
     }
     case algorithm::dbtree: {
@@ -321,11 +352,11 @@ struct cost_model {
     return local_part + best_flat(n / g, m, between_groups(g), seg).second;
   }
   /// 2-D grid of rows of w (p/w rows): hier with rows as groups, the column
-  /// step a ring, all on the flat link.
+  /// step a ring (its blocks unsegmented), all on the flat link.
   double twod(double n, int p, int w, const link_cost& l) const {
     const int rows = (p + w - 1) / w;
     return 2 * (w - 1) * l.alpha_at(n / w) + 2.0 * (w - 1) / w * n * l.beta + (w - 1.0) / w * n * l.gamma +
-           flat(algorithm::ring, n / w, rows, l, 1);
+           flat(algorithm::ring, n / w, rows, l, 0);
   }
   /// The cheapest flat schedule and its cost (ties: the earlier in the list).
   static std::pair<algorithm, double> best_flat(double n, int p, const link_cost& l, double seg) {
@@ -380,7 +411,7 @@ struct cost_model {
   /// Predicted seconds of a reduce-scatter (`reduce`: true) or allgather of
   /// `bytes` in all (p blocks of n/p) by `a` on `t` (docs/algorithms.md):
   ///  - `ring`: p-1 steps of one block to the next rank (chain_alpha,
-  ///    chain_beta) [+ its reduction]; `seg` does not enter;
+  ///    chain_beta; blocks over segment() stream: ring_step) [+ its reduction];
   ///  - `bruck` (algo/bruck.hpp): ceil(log2 p) rounds of min(d, p-d) blocks
   ///    to the rank d away (reduce-scatter: floor(m/2) blocks, d = ceil(m/2)),
   ///    plus, reducing, one local copy of the input (arena.copy);
@@ -398,14 +429,17 @@ struct cost_model {
     const int p = t.ranks;
     if (p <= 1) return 0;
     const double b = n / p, g = reduce ? local.gamma : 0;
+    // Reduce-scatters combine in segments; allgathers' bruck and rd, and
+    // the fold's copy back, move whole ranges (bruck.hpp, pairwise.hpp).
+    const double seg = static_cast<double>(segment()), xseg = reduce ? seg : 0;
     switch (a) {
-    case algorithm::ring: return (p - 1) * (ring_step(t, b) + b * g);
+    case algorithm::ring: return (p - 1) * (ring_step(t, b, seg) + b * g);
     case algorithm::bruck: {
       double s = 0;
       if (reduce) {
         for (int m = p; m > 1;) {
           const int d = (m + 1) / 2;
-          s += step(t, (m - d) * b, crossing(t, d, true)) + (m - d) * b * g;
+          s += step(t, (m - d) * b, crossing(t, d, true), xseg) + (m - d) * b * g;
           m = d;
         }
         return s + n * arena.copy;
@@ -417,9 +451,9 @@ struct cost_model {
       const int pof2 = static_cast<int>(std::bit_floor(static_cast<unsigned>(p)));
       const double v = n / pof2; // a survivor's share
       double s = 0;
-      for (int d = 1; d < pof2; d *= 2) s += step(t, d * v, crossing(t, d, false)) + d * v * g;
+      for (int d = 1; d < pof2; d *= 2) s += step(t, d * v, crossing(t, d, false), xseg) + d * v * g;
       if (p != pof2) // fold: a block (allgather) or all (reduce-scatter) in, the rest back
-        s += step(t, reduce ? n : b, crossing(t, 1, false)) + (reduce ? n * g : 0) +
+        s += step(t, reduce ? n : b, crossing(t, 1, false), xseg) + (reduce ? n * g : 0) +
              step(t, reduce ? b : n - b, crossing(t, 1, false));
       return s;
     }
@@ -435,9 +469,9 @@ struct cost_model {
       if (t.groups <= 1 || t.group_size <= 1) return std::numeric_limits<double>::infinity();
       const int gs = t.group_size, groups = t.groups;
       const double all = std::ceil(b) * gs * groups; // whole bytes (a real call's blocks are)
-      const auto seg = static_cast<std::size_t>(policy::ring_segment_bytes);
       const double across = best_flat_gather(all, groups, global, reduce).second;
-      const double inside = best_flat_rooted(static_cast<std::size_t>(all), gs, local, reduce, seg).second;
+      const double inside =
+          best_flat_rooted(static_cast<std::size_t>(all), gs, local, reduce, static_cast<std::size_t>(seg)).second;
       if (!reduce) return best_flat_gather(b * gs, gs, local, false).second + across + inside + all * arena.copy;
       return all * arena.copy + inside + across + (gs - 1) * local.msg(b);
     }
@@ -512,7 +546,7 @@ struct cost_model {
       // children forward theirs meanwhile (one sender per group crossing)
       for (int m = static_cast<int>(std::bit_ceil(static_cast<unsigned>(p))) / 2; m >= 1; m /= 2)
         s += step(t, std::min(m, p - m) * b, t.groups > 1 && m >= t.group_size ? 1 : 0);
-      return s + (p - 1) * ring_step(t, b);
+      return s + (p - 1) * ring_step(t, b, static_cast<double>(seg));
     }
     // The chain (algo/chain.hpp): the first segment fills p - 2 hops (at
     // each hop's own speed), then k segments follow. With one send in
@@ -762,14 +796,8 @@ public:
   const cost_model& model() const noexcept { return model_; }
   const std::vector<size_rule>& table() const noexcept { return table_; }
 
-  /// Pipeline segment of the schedules under this model: large where a link
-  /// is slow (beta above policy::slow_link_beta: a network, not memory),
-  /// where each message's handshake waits behind the queued bytes of the
-  /// others (core/policy.hpp has the measurement), else the policy default.
-  std::size_t segment_bytes() const noexcept {
-    const double beta = std::max(model_.local.beta, model_.global.beta);
-    return beta > policy::slow_link_beta ? policy::slow_link_segment_bytes : policy::ring_segment_bytes;
-  }
+  /// Pipeline segment of the schedules under this model (cost_model::segment).
+  std::size_t segment_bytes() const noexcept { return model_.segment(); }
 
   /// Whether `a` is no allreduce schedule (the exchanges', the gathers' and
   /// broadcast's): a table entry naming one leaves allreduce to the model.
