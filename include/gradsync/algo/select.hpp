@@ -182,12 +182,10 @@ struct cost_model {
   /// us simulated, 6319 as whole messages, 9697 streamed.
   double step(const topology& t, double m, int cross, double seg = 0) const {
     if (seg > 0 && m > seg) {
-      const double k = std::ceil(m / seg), s = m / k, d = std::min(k, static_cast<double>(policy::pipeline_depth));
-      const double in = stream_segment(local, s, d);
-      if (t.groups <= 1 || cross <= 0) return k * in;
+      if (t.groups <= 1 || cross <= 0) return streamed(m, seg, nullptr);
       link_cost out = global;
       out.beta *= contention(t, cross);
-      return k * std::max(in, stream_segment(out, s, d));
+      return streamed(m, seg, &out);
     }
     const double in = local.msg(m);
     if (t.groups <= 1 || cross <= 0) return in;
@@ -221,15 +219,19 @@ struct cost_model {
   /// `fast`, ring reduce-scatter of 64 MiB (2 MiB blocks, 8 segments of
   /// 256 KiB): 315 us a step simulated; the block as one message 254.
   double ring_step(const topology& t, double m, double seg) const {
-    if (seg > 0 && m > seg) {
-      const double k = std::ceil(m / seg), s = m / k, d = std::min(k, static_cast<double>(policy::pipeline_depth));
-      const double in = stream_segment(local, s, d);
-      return k * (t.groups > 1 ? std::max(in, stream_segment(global, s, d)) : in);
-    }
+    if (seg > 0 && m > seg) return streamed(m, seg, t.groups > 1 ? &global : nullptr);
     const double chain = chain_alpha(t, m) + m * chain_beta(t);
     if (t.groups <= 1) return chain;
     const double crossing = global.alpha / policy::pipeline_depth + m * global.beta;
     return chain + std::clamp(m / 4, 0.0, 1.0) * std::max(0.0, crossing - chain);
+  }
+  /// Seconds of a message of `m` bytes sent as k = ceil(m / seg) segments,
+  /// min(k, pipeline_depth) in flight: k stream_segments on the local link,
+  /// or on the slower of it and `out` where the hops also use `out`.
+  double streamed(double m, double seg, const link_cost* out) const {
+    const double k = std::ceil(m / seg), s = m / k, d = std::min(k, static_cast<double>(policy::pipeline_depth));
+    const double in = stream_segment(local, s, d);
+    return k * (out ? std::max(in, stream_segment(*out, s, d)) : in);
   }
   /// Seconds per segment of `s` bytes in a stream over link `l` with `d`
   /// in flight: its own overhead and its bytes to the others (as far as
